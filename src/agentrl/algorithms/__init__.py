@@ -1,0 +1,54 @@
+"""Pure torch math of agentrl: advantage estimators and PPO-family losses.
+
+This package imports only torch (CONVENTIONS rule 1): no Lightning, no HTTP client, no LangChain.
+"""
+
+from agentrl.algorithms.advantages import (
+    Advantages,
+    grpo_advantages,
+    masked_mean,
+    masked_var,
+    sibling_advantages,
+    token_gae,
+    turn_gae,
+    whiten,
+)
+from agentrl.algorithms.losses import (
+    LossOutput,
+    PolicyLoss,
+    ValueLoss,
+    clamp_log_ratio,
+    clipped_value_loss,
+    entropy_from_logits,
+    explained_variance,
+    kl_k3,
+    ppo_policy_loss,
+    token_log_ratio,
+    token_mean,
+    turn_log_ratio,
+    turn_mean,
+)
+
+__all__ = [
+    "Advantages",
+    "LossOutput",
+    "PolicyLoss",
+    "ValueLoss",
+    "clamp_log_ratio",
+    "clipped_value_loss",
+    "entropy_from_logits",
+    "explained_variance",
+    "grpo_advantages",
+    "kl_k3",
+    "masked_mean",
+    "masked_var",
+    "ppo_policy_loss",
+    "sibling_advantages",
+    "token_gae",
+    "token_log_ratio",
+    "token_mean",
+    "turn_gae",
+    "turn_log_ratio",
+    "turn_mean",
+    "whiten",
+]

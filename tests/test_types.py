@@ -1,0 +1,75 @@
+"""Validation of the core data types."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentrl.types import DataError, Trajectory, Turn, TurnBatch
+
+
+def _turn(index: int = 0, **kw: object) -> Turn:
+    args: dict[str, object] = {"prompt_ids": [1, 2, 3], "response_ids": [4, 5], "logprobs": [-0.1, -2.0],
+                               "index": index}
+    args.update(kw)
+    return Turn(**args)  # type: ignore[arg-type]
+
+
+def test_turn_valid() -> None:
+    t = _turn(reward=0.5, policy_version=3)
+    assert t.num_tokens == 5
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"logprobs": [-0.1]}, "one behaviour log-prob per response token"),
+        ({"prompt_ids": []}, "prompt_ids is empty"),
+        ({"response_ids": [4, -1]}, "non-negative int"),
+        ({"logprobs": [-0.1, 0.5]}, "<= 0"),
+        ({"logprobs": [-0.1, float("nan")]}, "finite"),
+        ({"finish_reason": "eos"}, "finish_reason"),
+        ({"reward": float("inf")}, "reward"),
+        ({"index": -1}, "index"),
+    ],
+)
+def test_turn_rejects_inconsistent_input(kw: dict[str, object], match: str) -> None:
+    with pytest.raises(DataError, match=match):
+        _turn(**kw)
+
+
+def test_trajectory_validation_and_rewards() -> None:
+    traj = Trajectory(turns=[_turn(0, reward=0.1), _turn(1)], reward=1.0, terminated=True)
+    assert traj.turn_rewards() == [0.1, 1.0]
+    assert traj.total_reward == pytest.approx(1.1)
+    with pytest.raises(DataError, match="terminated and Trajectory.truncated"):
+        Trajectory(terminated=True, truncated=True)
+    with pytest.raises(DataError, match=r"turns\[1\].index is 0"):
+        Trajectory(turns=[_turn(0), _turn(0)])
+
+
+def _batch(**override: torch.Tensor) -> TurnBatch:
+    shape = (2, 4)
+    fields = {
+        "input_ids": torch.ones(shape, dtype=torch.long),
+        "attention_mask": torch.ones(shape, dtype=torch.long),
+        "response_mask": torch.zeros(shape, dtype=torch.bool),
+        "turn_ids": torch.full(shape, -1),
+        "old_logprobs": torch.zeros(shape),
+        "advantages": torch.zeros(shape),
+        "returns": torch.zeros(shape),
+        "old_values": torch.zeros(shape),
+        "value_mask": torch.zeros(shape, dtype=torch.bool),
+        "weights": torch.ones(shape),
+    }
+    fields.update(override)
+    return TurnBatch(**fields)
+
+
+def test_turn_batch_shapes_and_select() -> None:
+    b = _batch(turn_ids=torch.tensor([[-1, 0, 0, -1], [-1, -1, 1, 1]]))
+    assert b.num_rows == 2 and b.num_turns == 2
+    sub = b.select([1])
+    assert sub.num_rows == 1 and sub.turn_ids.tolist() == [[-1, -1, 1, 1]]
+    with pytest.raises(DataError, match="advantages has shape"):
+        _batch(advantages=torch.zeros(2, 3))
