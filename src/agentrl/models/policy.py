@@ -1,0 +1,213 @@
+"""The policy: a causal LM (optionally with LoRA) that scores the exact token ids recorded at rollout.
+
+`Policy.logprobs` computes log π(x_t | x_<t) and the entropy only at response positions: the backbone runs on
+the whole sequence, but the vocabulary projection (49 k wide for SmolLM2, the most expensive layer of a small
+model) runs only where a loss needs it. With LoRA the frozen base (adapter disabled) is the KL reference at no
+extra memory (`Policy.reference_logprobs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from agentrl.models.loading import SMOLLM2, load_model, stop_token_ids
+from agentrl.types import TurnBatch
+
+DType = Literal["float32", "bfloat16"]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class LoRASettings:
+    """LoRA adapter settings (peft).
+
+    Attributes:
+        r: Rank of the update matrices.
+        alpha: Scaling numerator (the update is scaled by alpha / r).
+        dropout: Dropout on the adapter input (keep 0 for exact rollout/training log-prob agreement).
+        target_modules: Names of the linear layers that get an adapter.
+    """
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ValueError(f"lora.r must be >= 1, got {self.r}")
+        if self.alpha <= 0:
+            raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise ValueError("lora.target_modules must name at least one module")
+
+
+class LogProbs(NamedTuple):
+    """Per-token log-probs (N, L) and entropy (N, L) or None; zero outside the requested positions."""
+
+    logprobs: Tensor
+    entropy: Tensor | None
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The transformers model inside a peft wrapper (LoRA layers stay injected in its modules)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def backbone_of(model: nn.Module) -> nn.Module:
+    """The decoder stack (without the LM head) of a causal LM, through a peft wrapper."""
+    inner = unwrap(model)
+    return getattr(inner, inner.base_model_prefix)  # type: ignore[no-any-return]
+
+
+class Policy(nn.Module):
+    """A causal LM policy.
+
+    Args:
+        model: Short name (``smollm2-135m-instruct``, ``tiny-random``), hub id, local folder or ``.gguf`` path.
+        lora: LoRA settings; None trains every weight.
+        dtype: Storage dtype of the weights.
+        compute_dtype: ``bfloat16`` runs forward passes under CPU/GPU autocast; ``float32`` does not.
+        gradient_checkpointing: Trade compute for activation memory in training forwards.
+        seed: Initialisation seed of random models (``tiny-random``).
+    """
+
+    def __init__(
+        self,
+        model: str = SMOLLM2,
+        *,
+        lora: LoRASettings | None = None,
+        dtype: DType = "float32",
+        compute_dtype: DType = "float32",
+        gradient_checkpointing: bool = False,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if dtype not in _DTYPES or compute_dtype not in _DTYPES:
+            raise ValueError(f"policy.dtype / compute_dtype must be one of {list(_DTYPES)}")
+        loaded = load_model(model, dtype=_DTYPES[dtype], seed=seed)
+        self.name = model
+        self.tokenizer = loaded.tokenizer
+        self.compute_dtype = _DTYPES[compute_dtype]
+        self.lora = lora
+        lm = loaded.model
+        lm.config.use_cache = False
+        if gradient_checkpointing:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            lm = get_peft_model(
+                lm,
+                LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                           target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
+            )
+        self.model = lm
+        self.stop_token_ids = stop_token_ids(self.tokenizer)
+
+    # ------------------------------------------------------------------ structure
+
+    @property
+    def backbone(self) -> nn.Module:
+        return backbone_of(self.model)
+
+    @property
+    def lm_head(self) -> nn.Module:
+        head = unwrap(self.model).get_output_embeddings()
+        assert head is not None
+        return head  # type: ignore[no-any-return]
+
+    @property
+    def hidden_size(self) -> int:
+        return int(unwrap(self.model).config.hidden_size)
+
+    @property
+    def max_context(self) -> int:
+        return int(unwrap(self.model).config.max_position_embeddings)
+
+    @property
+    def uses_lora(self) -> bool:
+        return self.lora is not None
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        device = next(self.model.parameters()).device.type
+        return torch.autocast(device_type=device, dtype=self.compute_dtype)
+
+    @contextlib.contextmanager
+    def adapter_disabled(self) -> Iterator[None]:
+        """Run the frozen base model (LoRA off): the reference policy."""
+        if not self.uses_lora:
+            raise RuntimeError("reference log-probs through a disabled adapter need LoRA (policy.lora)")
+        with self.model.disable_adapter():
+            yield
+
+    # ------------------------------------------------------------------ scoring
+
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """(N, L, H) last hidden states; position ids follow the attention mask (padding-safe)."""
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        with self.autocast():
+            out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                use_cache=False)
+        return out.last_hidden_state  # type: ignore[no-any-return]
+
+    def logprobs_from_hidden(
+        self, hidden: Tensor, input_ids: Tensor, positions: Tensor, *, temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> LogProbs:
+        """Log-probs of ``input_ids`` at the True ``positions`` (N, L) from hidden states (N, L, H).
+
+        Token t is scored from the hidden state at t − 1, so position 0 is never scored.
+        """
+        if bool(positions[:, 0].any()):
+            raise ValueError("position 0 has no context and cannot be scored")
+        pred_mask = torch.zeros_like(positions)
+        pred_mask[:, :-1] = positions[:, 1:]
+        h = hidden[pred_mask]  # (M, H): the state before each scored token
+        with self.autocast():
+            logits = self.lm_head(h)
+        logits = logits.float() / temperature
+        logp_all = torch.log_softmax(logits, dim=-1)
+        targets = input_ids[positions]
+        logp = torch.zeros(positions.shape, dtype=torch.float32, device=hidden.device)
+        logp = logp.masked_scatter(positions, logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+        entropy = None
+        if with_entropy:
+            ent = -(logp_all.exp() * logp_all).sum(-1)
+            entropy = torch.zeros_like(logp).masked_scatter(positions, ent)
+        return LogProbs(logp, entropy)
+
+    def token_logprobs(
+        self, input_ids: Tensor, attention_mask: Tensor, positions: Tensor, *, temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> LogProbs:
+        hidden = self.hidden_states(input_ids, attention_mask)
+        return self.logprobs_from_hidden(hidden, input_ids, positions, temperature=temperature,
+                                         with_entropy=with_entropy)
+
+    def logprobs(self, batch: TurnBatch, *, temperature: float = 1.0, with_entropy: bool = False) -> LogProbs:
+        """Log-probs (and entropy) of the response tokens of a `TurnBatch`, aligned with ``old_logprobs``."""
+        return self.token_logprobs(batch.input_ids, batch.attention_mask, batch.response_mask,
+                                   temperature=temperature, with_entropy=with_entropy)
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: TurnBatch, *, temperature: float = 1.0) -> Tensor:
+        """Log-probs under the frozen base model (LoRA disabled): the KL reference."""
+        with self.adapter_disabled():
+            return self.logprobs(batch, temperature=temperature).logprobs

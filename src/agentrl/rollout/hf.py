@@ -1,0 +1,304 @@
+"""`HFEngine`: the embedded rollout engine, in process, sharing the policy's parameters.
+
+* **Weight sync is a version bump.** The engine runs the very modules the trainer updates; `update_weights`
+  only bumps the version and drops the prefix cache (its KV was computed with the old weights).
+* **Continuous batching.** Concurrent `generate` calls from many episodes join one decode batch; a request is
+  admitted as soon as a slot is free (``max_batch_size``) and leaves as soon as it stops, without waiting for the
+  rest of the batch (static batching, as ``model.generate`` does, waits for the longest).
+* **Prefix KV reuse.** A prompt that starts with the exact token ids of a stored prompt or finished turn reuses
+  their KV and prefills only the new tokens (see `agentrl.rollout.kvcache.PrefixStore`). In a multi-turn episode
+  turn k+1's prompt is turn k's prompt + response + the new observation, so the conversation is not re-read.
+* **Per-request seeded sampling.** Each request samples from its own ``torch.Generator``, so its tokens do not
+  depend on which other requests share the batch.
+
+The forward passes run in a worker thread (``asyncio.to_thread``) so that agents' tool calls and environment
+steps proceed on the event loop meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentrl.models.policy import Policy
+from agentrl.rollout.engine import Completion, SamplingParams
+from agentrl.rollout.kvcache import KV, BatchKV, PrefixStore, cache_kv, make_cache
+from agentrl.types import FinishReason
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    session: str | None
+    future: asyncio.Future[Completion]
+    generator: torch.Generator
+    stop: frozenset[int]
+    out_ids: list[int] = field(default_factory=list)
+    out_logprobs: list[float] = field(default_factory=list)
+    cached: int = 0
+    finish: FinishReason | None = None
+
+
+@dataclass
+class EngineStats:
+    """Counters since construction (or the last `HFEngine.reset_stats`)."""
+
+    requests: int = 0
+    generated_tokens: int = 0
+    prefill_tokens: int = 0
+    cached_tokens: int = 0
+    decode_steps: int = 0
+    busy_seconds: float = 0.0
+
+
+class HFEngine:
+    """In-process engine over a `Policy`.
+
+    Args:
+        policy: The policy whose modules generate (shared, never copied).
+        max_batch_size: Most sequences decoded together.
+        prefix_cache_tokens: Token budget of the prefix KV store (0 disables prefix reuse).
+        max_context: Context window; defaults to the model's ``max_position_embeddings``.
+        seed: Seed of the generator used by requests without their own seed.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        max_batch_size: int = 32,
+        prefix_cache_tokens: int = 32768,
+        max_context: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.policy = policy
+        self.max_batch_size = max_batch_size
+        self._max_context = int(max_context or policy.max_context)
+        self._version = 0
+        self._num_layers = int(policy.backbone.config.num_hidden_layers)
+        self._device = next(policy.model.parameters()).device
+        self._prefix = PrefixStore(prefix_cache_tokens)
+        self._rng = torch.Generator().manual_seed(seed)
+        self._waiting: deque[_Request] = deque()
+        self._active: list[_Request] = []
+        self._batch = BatchKV(self._num_layers)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wakeup: asyncio.Event | None = None
+        self.stats = EngineStats()
+
+    # ------------------------------------------------------------------ protocol
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.policy.tokenizer
+
+    async def update_weights(self, policy: Any = None) -> None:
+        """The parameters are shared, so only the version moves; cached KV of the old weights is dropped."""
+        if policy is not None and policy is not self.policy:
+            raise ValueError("HFEngine shares its policy's parameters; update_weights got a different policy")
+        if self._active:
+            raise RuntimeError("update_weights while requests are being decoded: collect, then update")
+        self._version += 1
+        self._prefix.clear()
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
+    ) -> Completion:
+        self._ensure_scheduler()
+        assert self._loop is not None and self._wakeup is not None
+        generator = torch.Generator()
+        if sampling.seed is None:
+            generator.manual_seed(int(torch.randint(0, 2**62, (1,), generator=self._rng)))
+        else:
+            generator.manual_seed(int(sampling.seed))
+        stop = frozenset(sampling.stop_token_ids if sampling.stop_token_ids is not None
+                         else self.policy.stop_token_ids)
+        req = _Request(list(prompt_ids), sampling, session, self._loop.create_future(), generator, stop)
+        self.stats.requests += 1
+        if len(req.prompt_ids) == 0:
+            raise ValueError("generate: prompt_ids is empty")
+        if len(req.prompt_ids) >= self._max_context:
+            return self._completion(req, "length")
+        self._waiting.append(req)
+        self._wakeup.set()
+        return await req.future
+
+    def reset_stats(self) -> None:
+        self.stats = EngineStats()
+
+    async def shutdown(self) -> None:
+        """Abort every pending request (their futures get ``finish_reason="abort"``) and stop the scheduler."""
+        for req in list(self._waiting) + self._active:
+            if not req.future.done():
+                req.future.set_result(self._completion(req, "abort"))
+        self._waiting.clear()
+        self._active.clear()
+        self._batch = BatchKV(self._num_layers)
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    # ------------------------------------------------------------------ scheduler
+
+    def _ensure_scheduler(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._task is None or self._task.done():
+            if self._loop is not None and self._loop is not loop and (self._active or self._waiting):
+                raise RuntimeError("HFEngine is busy on another event loop; use one loop (RolloutRuntime)")
+            self._loop = loop
+            self._wakeup = asyncio.Event()
+            self._active, self._batch = [], BatchKV(self._num_layers)
+            self._task = loop.create_task(self._run(), name="hf-engine-scheduler")
+
+    async def _run(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            if not self._waiting and not self._active:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            admitted = []
+            while self._waiting and len(self._active) + len(admitted) < self.max_batch_size:
+                req = self._waiting.popleft()
+                if not req.future.done():
+                    admitted.append(req)
+            try:
+                if admitted:
+                    await asyncio.to_thread(self._timed, self._prefill, admitted)
+                    self._active.extend(admitted)
+                    self._retire()
+                if self._active:
+                    await asyncio.to_thread(self._timed, self._decode_step)
+                    self._retire()
+            except Exception as exc:  # a model error fails the requests in flight, not the scheduler
+                log.exception("HFEngine step failed")
+                for req in admitted + self._active:
+                    if not req.future.done():
+                        req.future.set_exception(exc)
+                self._active, self._batch = [], BatchKV(self._num_layers)
+
+    def _timed(self, fn: Any, *args: Any) -> None:
+        start = time.perf_counter()
+        model = self.policy.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                fn(*args)
+        finally:
+            model.train(was_training)
+            self.stats.busy_seconds += time.perf_counter() - start
+
+    def _retire(self) -> None:
+        """Complete finished requests, store their KV for prefix reuse, and shrink the batch."""
+        keep = []
+        for row, req in enumerate(self._active):
+            if req.finish is None:
+                keep.append(row)
+                continue
+            if req.session is not None:
+                ids = (req.prompt_ids + req.out_ids)[: len(req.prompt_ids) + len(req.out_ids) - 1]
+                self._prefix.put(req.session, ids, self._batch.extract(row))
+            if not req.future.done():
+                req.future.set_result(self._completion(req, req.finish))
+        if len(keep) != len(self._active):
+            self._active = [self._active[i] for i in keep]
+            self._batch.keep(keep)
+
+    def _completion(self, req: _Request, finish: FinishReason) -> Completion:
+        return Completion(token_ids=list(req.out_ids), logprobs=list(req.out_logprobs), finish_reason=finish,
+                          policy_version=self._version, prompt_len=len(req.prompt_ids), cached_tokens=req.cached)
+
+    # ------------------------------------------------------------------ model work (worker thread)
+
+    def _forward(self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: Any) -> Tensor:
+        """Logits (B, V) of the last position."""
+        with self.policy.autocast():
+            out = self.policy.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                                       cache=cache, use_cache=True)
+            logits = self.policy.lm_head(out.last_hidden_state[:, -1])
+        return logits.float()  # type: ignore[no-any-return]
+
+    def _prefill(self, requests: list[_Request]) -> None:
+        """Prefill each new request (reusing a stored prefix when one matches), sample its first token, and
+        add it to the decode batch."""
+        for req in requests:
+            cached, kv = self._prefix.lookup(req.prompt_ids)
+            cache = make_cache(self._num_layers, kv)
+            n = len(req.prompt_ids)
+            ids = torch.tensor([req.prompt_ids[cached:]], device=self._device)
+            positions = torch.arange(cached, n, device=self._device).unsqueeze(0)
+            mask = torch.ones(1, n, dtype=torch.long, device=self._device)
+            logits = self._forward(ids, mask, positions, cache)
+            req.cached = cached
+            self.stats.prefill_tokens += n - cached
+            self.stats.cached_tokens += cached
+            prompt_kv: KV = cache_kv(cache)
+            if req.session is not None:
+                self._prefix.put(f"{req.session}/prompt", req.prompt_ids, [(k.clone(), v.clone()) for k, v in prompt_kv])
+            self._batch.add(prompt_kv)
+            self._sample(req, logits[0])
+
+    def _decode_step(self) -> None:
+        assert self._batch.mask is not None
+        tokens = torch.tensor([[r.out_ids[-1]] for r in self._active], device=self._device)
+        positions = torch.tensor([[len(r.prompt_ids) + len(r.out_ids) - 1] for r in self._active],
+                                 device=self._device)
+        mask = self._batch.step_mask()
+        logits = self._forward(tokens, mask, positions, self._batch.cache)
+        self.stats.decode_steps += 1
+        for row, req in enumerate(self._active):
+            self._sample(req, logits[row])
+
+    def _sample(self, req: _Request, logits: Tensor) -> None:
+        """Sample one token for ``req`` from its own generator; record token, log-prob and finish reason."""
+        sp = req.sampling
+        if sp.temperature == 0:
+            logp = torch.log_softmax(logits, -1)
+            token = int(logp.argmax())
+        else:
+            logp = torch.log_softmax(logits / sp.temperature, -1)
+            probs = _truncate(logp.exp(), sp.top_k, sp.top_p)
+            token = int(torch.multinomial(probs, 1, generator=req.generator))
+        req.out_ids.append(token)
+        req.out_logprobs.append(float(logp[token]))
+        self.stats.generated_tokens += 1
+        if token in req.stop:
+            req.finish = "stop"
+        elif len(req.out_ids) >= sp.max_tokens or len(req.prompt_ids) + len(req.out_ids) >= self._max_context:
+            req.finish = "length"
+
+
+def _truncate(probs: Tensor, top_k: int, top_p: float) -> Tensor:
+    """Zero the probabilities outside the top-k tokens and outside the top-p nucleus (unnormalised is fine for
+    ``torch.multinomial``)."""
+    if top_k > 0 and top_k < probs.numel():
+        kth = torch.topk(probs, top_k).values[-1]
+        probs = torch.where(probs >= kth, probs, 0.0)
+    if top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        cumulative = sorted_p.cumsum(0)
+        drop = cumulative - sorted_p > top_p * cumulative[-1]
+        probs = probs.clone()
+        probs[order[drop]] = 0.0
+    return probs

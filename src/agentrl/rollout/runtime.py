@@ -1,0 +1,47 @@
+"""A persistent asyncio event loop in a background thread, shared by every rollout of a run.
+
+Training code is synchronous (Lightning's ``training_step``); rollouts are asynchronous (many episodes, HTTP
+clients, an engine scheduler). One loop for the whole run keeps the engine's scheduler, HTTP connection pools and
+caches alive across steps, instead of tearing them down with an ``asyncio.run`` per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class RolloutRuntime:
+    """Run coroutines on a dedicated event loop thread: ``runtime.run(coro)`` blocks until it finishes."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="agentrl-rollout-loop", daemon=True)
+        self._thread.start()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("RolloutRuntime.run called from its own loop thread; await the coroutine instead")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return future.result(timeout)
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    def __enter__(self) -> RolloutRuntime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
