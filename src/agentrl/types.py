@@ -108,6 +108,7 @@ class Trajectory:
         failed: The episode raised (agent, tool or environment error, timeout); it is excluded from the loss.
         error: The error message when ``failed``.
         info: Free-form episode information (success flag, tool calls, environment info).
+        snapshots: Agent state recorded at turn boundaries (RTPO fast branching); never logged.
     """
 
     turns: list[Turn] = field(default_factory=list)
@@ -122,6 +123,7 @@ class Trajectory:
     failed: bool = False
     error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    snapshots: dict[int, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.terminated and self.truncated:

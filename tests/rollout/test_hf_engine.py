@@ -1,0 +1,156 @@
+"""HFEngine: log-prob consistency with the trainer, stop/length handling, seeded sampling, continuous batching
+and prefix KV reuse, all on a tiny random model."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from agentrl.models.policy import Policy
+from agentrl.rollout.engine import Completion, SamplingParams
+from agentrl.rollout.hf import HFEngine
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 259, (n,), generator=g).tolist()
+
+
+def _trainer_logprobs(policy: Policy, prompt: list[int], completion: Completion) -> torch.Tensor:
+    ids = torch.tensor([prompt + completion.token_ids])
+    pos = torch.zeros_like(ids, dtype=torch.bool)
+    pos[0, len(prompt):] = True
+    with torch.no_grad():
+        return policy.token_logprobs(ids, torch.ones_like(ids), pos).logprobs[pos]
+
+
+def test_engine_logprobs_match_trainer(tiny_policy: Policy) -> None:
+    engine = HFEngine(tiny_policy, max_batch_size=4)
+    prompts = [_prompt(5 + 7 * i, i) for i in range(7)]  # different lengths: left padding in the batch
+
+    async def run() -> list[Completion]:
+        sp = SamplingParams(max_tokens=24, stop_token_ids=())
+        return await asyncio.gather(*[engine.generate(p, sp.with_seed(i), session=f"e{i}")
+                                      for i, p in enumerate(prompts)])
+
+    outs = asyncio.run(run())
+    worst = 0.0
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert len(out.token_ids) == 24 and out.finish_reason == "length"
+        diff = (_trainer_logprobs(tiny_policy, prompt, out) - torch.tensor(out.logprobs)).abs().max().item()
+        worst = max(worst, diff)
+    assert worst <= 1e-4, worst
+
+
+def test_stop_token_and_max_tokens(tiny_policy: Policy) -> None:
+    engine = HFEngine(tiny_policy)
+    prompt = _prompt(12, 0)
+    greedy = asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=6, temperature=0.0, stop_token_ids=())))
+    assert greedy.finish_reason == "length" and len(greedy.token_ids) == 6
+    first = greedy.token_ids[0]
+    stopped = asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=6, temperature=0.0,
+                                                                 stop_token_ids=(first,))))
+    assert stopped.finish_reason == "stop" and stopped.token_ids == [first]  # the stop token is kept
+    topk1 = asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=6, top_k=1, seed=5, stop_token_ids=())))
+    assert topk1.token_ids == greedy.token_ids
+
+
+def test_prompt_longer_than_context_is_a_length_finish(tiny_policy: Policy) -> None:
+    engine = HFEngine(tiny_policy, max_context=32)
+    out = asyncio.run(engine.generate(_prompt(40, 1), SamplingParams(max_tokens=4)))
+    assert out.finish_reason == "length" and out.token_ids == []
+    near = asyncio.run(engine.generate(_prompt(30, 1), SamplingParams(max_tokens=10, stop_token_ids=())))
+    assert near.finish_reason == "length" and len(near.token_ids) == 2  # 30 + 2 = the 32-token window
+    with pytest.raises(ValueError, match="empty"):
+        asyncio.run(engine.generate([], SamplingParams()))
+
+
+def test_seeded_sampling_does_not_depend_on_batch_company(tiny_policy: Policy) -> None:
+    engine = HFEngine(tiny_policy, prefix_cache_tokens=0)
+    prompt = _prompt(15, 3)
+    sp = SamplingParams(max_tokens=16, seed=42, stop_token_ids=())
+    alone = asyncio.run(engine.generate(prompt, sp))
+
+    async def crowd() -> list[Completion]:
+        others = [engine.generate(_prompt(5 + i, 10 + i), sp.with_seed(i), session=None) for i in range(5)]
+        return await asyncio.gather(engine.generate(prompt, sp), *others)
+
+    together = asyncio.run(crowd())[0]
+    assert together.token_ids == alone.token_ids
+    torch.testing.assert_close(torch.tensor(together.logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=0)
+
+
+def test_continuous_batching_admits_as_slots_free(tiny_policy: Policy) -> None:
+    engine = HFEngine(tiny_policy, max_batch_size=2)
+    done_order: list[int] = []
+
+    async def one(i: int, n: int) -> Completion:
+        out = await engine.generate(_prompt(8, i), SamplingParams(max_tokens=n, stop_token_ids=(), seed=i))
+        done_order.append(i)
+        return out
+
+    async def run() -> list[Completion]:
+        return await asyncio.gather(one(0, 30), one(1, 3), one(2, 3), one(3, 3))
+
+    outs = asyncio.run(run())
+    assert [len(o.token_ids) for o in outs] == [30, 3, 3, 3]
+    # the long request 0 holds one slot; 1, 2, 3 pass through the other slot and finish first
+    assert done_order[-1] == 0
+    assert engine.stats.decode_steps < 30 + 3 + 3 + 3  # batched, not one request at a time
+
+
+def test_prefix_reuse_gives_same_tokens_and_logprobs(tiny_policy: Policy) -> None:
+    reuse = HFEngine(tiny_policy)
+    fresh = HFEngine(tiny_policy, prefix_cache_tokens=0)
+    system = _prompt(30, 7)
+
+    async def episode(engine: HFEngine) -> list[Completion]:
+        outs = []
+        prompt = list(system)
+        for turn in range(3):
+            out = await engine.generate(prompt, SamplingParams(max_tokens=10, seed=turn, stop_token_ids=()),
+                                        session="ep")
+            outs.append(out)
+            prompt = prompt + out.token_ids + _prompt(6, 100 + turn)  # the next observation
+        return outs
+
+    a = asyncio.run(episode(reuse))
+    b = asyncio.run(episode(fresh))
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0)
+    assert a[0].cached_tokens == 0 and a[1].cached_tokens > 30 and a[2].cached_tokens > a[1].cached_tokens
+    assert all(o.cached_tokens == 0 for o in b)
+    # a prompt that diverges inside the stored prefix reuses the common part only
+    branched = system[:20] + [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+    out = asyncio.run(reuse.generate(branched, SamplingParams(max_tokens=2), session="other"))
+    assert out.cached_tokens == 20
+
+
+def test_weight_update_bumps_version_and_drops_stale_kv(tiny_policy: Policy) -> None:
+    engine = HFEngine(tiny_policy)
+    prompt = _prompt(20, 9)
+    first = asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=4), session="s"))
+    assert first.policy_version == 0
+    asyncio.run(engine.update_weights(tiny_policy))
+    again = asyncio.run(engine.generate(prompt + first.token_ids + [5, 6], SamplingParams(max_tokens=4),
+                                        session="s"))
+    assert again.policy_version == 1 and again.cached_tokens == 0
+    with pytest.raises(ValueError, match="different policy"):
+        asyncio.run(engine.update_weights(Policy("tiny-random", seed=1)))
+
+
+def test_engine_serves_updated_weights(tiny_policy: Policy) -> None:
+    engine = HFEngine(tiny_policy)
+    prompt = _prompt(10, 1)
+    sp = SamplingParams(max_tokens=5, seed=3, stop_token_ids=())
+    before = asyncio.run(engine.generate(prompt, sp))
+    with torch.no_grad():
+        tiny_policy.lm_head.weight.mul_(3.0)
+    asyncio.run(engine.update_weights())
+    after = asyncio.run(engine.generate(prompt, sp))
+    assert after.logprobs != before.logprobs
+    diff = (_trainer_logprobs(tiny_policy, prompt, after) - torch.tensor(after.logprobs)).abs().max().item()
+    assert diff <= 1e-4
