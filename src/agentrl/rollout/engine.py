@@ -99,7 +99,8 @@ class RolloutEngine(Protocol):
         """
         ...
 
-    async def update_weights(self, policy: Any) -> None:
-        """Make the engine serve the policy's current weights (and bump ``version``). Async because a remote
-        engine pushes them over HTTP; run it on the rollout loop (`agentrl.rollout.runtime.RolloutRuntime`)."""
+    async def update_weights(self, policy: Any, *, version: int | None = None) -> None:
+        """Make the engine serve the policy's current weights; ``version`` becomes the new version (default: the
+        current one + 1; a resumed run passes its restored count). Async because a remote engine pushes weights
+        over HTTP; run it on the rollout loop (`agentrl.rollout.runtime.RolloutRuntime`)."""
         ...

@@ -88,7 +88,6 @@ class HFEngine:
         self._max_context = int(max_context or policy.max_context)
         self._version = 0
         self._num_layers = int(policy.backbone.config.num_hidden_layers)
-        self._device = next(policy.model.parameters()).device
         self._prefix = PrefixStore(prefix_cache_tokens)
         self._rng = torch.Generator().manual_seed(seed)
         self._waiting: deque[_Request] = deque()
@@ -113,13 +112,13 @@ class HFEngine:
     def tokenizer(self) -> Any:
         return self.policy.tokenizer
 
-    async def update_weights(self, policy: Any = None) -> None:
+    async def update_weights(self, policy: Any = None, *, version: int | None = None) -> None:
         """The parameters are shared, so only the version moves; cached KV of the old weights is dropped."""
         if policy is not None and policy is not self.policy:
             raise ValueError("HFEngine shares its policy's parameters; update_weights got a different policy")
         if self._active:
             raise RuntimeError("update_weights while requests are being decoded: collect, then update")
-        self._version += 1
+        self._version = self._version + 1 if version is None else int(version)
         self._prefix.clear()
 
     async def generate(
@@ -230,6 +229,10 @@ class HFEngine:
                           policy_version=self._version, prompt_len=len(req.prompt_ids), cached_tokens=req.cached)
 
     # ------------------------------------------------------------------ model work (worker thread)
+
+    @property
+    def _device(self) -> torch.device:
+        return next(self.policy.model.parameters()).device  # read each time: Lightning may move the model
 
     def _forward(self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: Any) -> Tensor:
         """Logits (B, V) of the last position."""

@@ -1,0 +1,101 @@
+"""Callbacks of a training run: checkpoints every N RL steps and a graceful stop on SIGINT/SIGTERM.
+
+Steps here are RL iterations (one training batch each). Lightning's ``global_step`` counts optimizer steps, which
+in manual optimization is several per RL iteration (PPO epochs × minibatches × 2 optimizers), so these callbacks
+count batches instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+log = logging.getLogger(__name__)
+
+
+class RLCheckpoint(ModelCheckpoint):
+    """Save ``step-NNNNNN.ckpt`` every ``every_n_steps`` RL steps and keep ``last.ckpt`` current, so that
+    ``agentrl fit --config ... --ckpt_path last`` resumes (weights, both optimizers, step, task stream).
+
+    Args:
+        dirpath: Checkpoint folder.
+        every_n_steps: RL steps between checkpoints (0: only ``last.ckpt`` at the end and on a stop).
+        keep_steps: Also keep the numbered checkpoints (otherwise only ``last.ckpt``).
+    """
+
+    def __init__(self, dirpath: str = "checkpoints", every_n_steps: int = 10, keep_steps: bool = False) -> None:
+        if every_n_steps < 0:
+            raise ValueError(f"checkpoint.every_n_steps must be >= 0, got {every_n_steps}")
+        super().__init__(dirpath=dirpath, save_last=True, save_top_k=0, every_n_train_steps=0,
+                         save_on_train_epoch_end=False)
+        self.every_n_steps = every_n_steps
+        self.keep_steps = keep_steps
+
+    def save_now(self, trainer: pl.Trainer, step: int) -> Path:
+        assert self.dirpath is not None
+        folder = Path(self.dirpath)
+        if self.keep_steps:
+            trainer.save_checkpoint(str(folder / f"step-{step:06d}.ckpt"), weights_only=False)
+        last = folder / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+        trainer.save_checkpoint(str(last), weights_only=False)
+        self.last_model_path = str(last)
+        return last
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        step = int(getattr(pl_module, "rl_step", batch_idx + 1))
+        if self.every_n_steps and step % self.every_n_steps == 0:
+            self.save_now(trainer, step)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.save_now(trainer, int(getattr(pl_module, "rl_step", 0)))
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        return None
+
+
+class GracefulStop(Callback):
+    """On SIGINT or SIGTERM, finish the current RL step, save ``last.ckpt`` and stop; a second SIGINT aborts at
+    once. The run can then be resumed with ``--ckpt_path last`` and continues exactly where it stopped."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.requested is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = name
+        log.warning("%s received: stopping after the current step (checkpoint first); press Ctrl-C again to abort",
+                    name)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.requested = None
+        try:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handler)
+        except ValueError:  # not the main thread: leave signals alone
+            self._previous.clear()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.requested is None:
+            return
+        step = int(getattr(pl_module, "rl_step", batch_idx + 1))
+        for cb in trainer.callbacks:  # type: ignore[attr-defined]
+            if isinstance(cb, RLCheckpoint):
+                path = cb.save_now(trainer, step)
+                log.warning("stopped after step %d; checkpoint %s; resume with --ckpt_path last", step, path)
+        trainer.should_stop = True
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()

@@ -1,0 +1,98 @@
+"""``agentrl fit``: LightningCLI over `AgentRLModule` and `RolloutDataModule`.
+
+Defaults a user expects: MLflow tracking to ``sqlite:///mlflow.db`` (the resolved config logged with the run),
+one epoch of ``data.steps`` RL steps, a progress bar with reward and step time, ``checkpoints/last.ckpt`` every
+``checkpoint.every_n_steps`` steps and at the end, a graceful stop on SIGINT/SIGTERM, and ``--ckpt_path last`` to
+resume. Unknown keys, wrong types and out-of-range values stop the run before any work, naming the key.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import MLFlowLogger
+
+from agentrl.training.callbacks import GracefulStop, RLCheckpoint
+from agentrl.training.datamodule import RolloutDataModule
+from agentrl.training.module import AgentRLModule
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
+
+class MLflowConfig(SaveConfigCallback):
+    """Log the resolved config (as ``config.yaml``) and its flattened values (as parameters) to MLflow."""
+
+    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        logger = trainer.logger
+        if not isinstance(logger, MLFlowLogger) or not trainer.is_global_zero:
+            return
+        text = self.parser.dump(self.config, skip_none=False)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "config.yaml"
+            path.write_text(text)
+            logger.experiment.log_artifact(logger.run_id, str(path))
+        flat = _flatten(self.config.as_dict())
+        logger.log_hyperparams({k: v for k, v in flat.items() if not k.startswith("trainer.callbacks")})
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+    elif isinstance(d, list):
+        out[prefix[:-1]] = str(d)[:500]
+    else:
+        out[prefix[:-1]] = d
+    return out
+
+
+class AgentRLCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_lightning_class_args(RLCheckpoint, "checkpoint")
+        parser.set_defaults({
+            "trainer.max_epochs": 1,
+            "trainer.log_every_n_steps": 1,
+            "trainer.num_sanity_val_steps": 0,
+            "trainer.logger": {
+                "class_path": "lightning.pytorch.loggers.MLFlowLogger",
+                "init_args": {"experiment_name": "agentrl", "tracking_uri": DEFAULT_TRACKING_URI},
+            },
+        })
+
+    def before_instantiate_classes(self) -> None:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("agentrl").setLevel(logging.INFO)
+
+    def before_fit(self) -> None:
+        # resuming loads checkpoints with torch.load(weights_only=True) unless the user says otherwise
+        config = self.config_init[self.subcommand]
+        if "weights_only" in config and config["weights_only"] is None:
+            config["weights_only"] = True
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        trainer.callbacks.append(GracefulStop())  # type: ignore[attr-defined]
+        return trainer
+
+
+def fit_main(argv: Sequence[str]) -> int:
+    """Entry point of ``agentrl fit``."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    AgentRLCLI(
+        AgentRLModule,
+        RolloutDataModule,
+        args=None if list(argv) == sys.argv[2:] else ["fit", *argv],
+        save_config_callback=MLflowConfig,
+        save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
+        auto_configure_optimizers=False,
+    )
+    return 0

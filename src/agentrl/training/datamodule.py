@@ -1,0 +1,212 @@
+"""`RolloutDataModule`: where tasks come from and how episodes are collected.
+
+The training "dataloader" yields one list of tasks per step (cheap and deterministic); the rollouts themselves
+are collected live inside the training step with the current weights, through the collector this module builds.
+Lightning may prefetch the next list of tasks; it cannot prefetch rollouts.
+
+Tasks are sharded by rank (rank r of W takes its own slice of each step's tasks), and the stream is stateful
+(``state_dict``/``load_state_dict``), so a resumed run continues with the tasks it would have seen.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import lightning.pytorch as pl
+
+from agentrl.agents.base import Agent, Task
+from agentrl.rollout.collector import Collector
+from agentrl.rollout.engine import RolloutEngine, SamplingParams
+
+
+@runtime_checkable
+class TaskSource(Protocol):
+    def task(self, index: int) -> Task:
+        """The task at position ``index`` (any non-negative integer: sources cycle or generate)."""
+        ...
+
+
+class SeedTasks:
+    """Environment tasks: task i plays the environment with seed ``offset + i``.
+
+    Args:
+        offset: First seed. Keep training and evaluation offsets far apart so they never share a seed.
+        prefix: Prefix of task ids.
+    """
+
+    def __init__(self, offset: int = 0, prefix: str = "seed") -> None:
+        if offset < 0:
+            raise ValueError(f"tasks.offset must be >= 0, got {offset}")
+        self.offset = offset
+        self.prefix = prefix
+
+    def task(self, index: int) -> Task:
+        seed = self.offset + index
+        return Task(id=f"{self.prefix}-{seed}", seed=seed)
+
+
+class JsonlTasks:
+    """Tasks from a JSON-lines file, one object per line, cycled. Each row becomes ``Task.data``.
+
+    Args:
+        path: The file.
+        id_field: Field holding the task id (default: the line number).
+        seed_field: Field holding the environment seed (default: the line number).
+    """
+
+    def __init__(self, path: str, id_field: str | None = None, seed_field: str | None = None) -> None:
+        file = Path(path)
+        if not file.is_file():
+            raise ValueError(f"tasks.path: file not found: {path}")
+        self.rows: list[dict[str, Any]] = []
+        for n, line in enumerate(file.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"tasks.path {path}, line {n}: not JSON ({exc.msg})") from exc
+            if not isinstance(row, dict):
+                raise ValueError(f"tasks.path {path}, line {n}: expected a JSON object")
+            self.rows.append(row)
+        if not self.rows:
+            raise ValueError(f"tasks.path {path} holds no tasks")
+        self.id_field, self.seed_field = id_field, seed_field
+
+    def task(self, index: int) -> Task:
+        i = index % len(self.rows)
+        row = self.rows[i]
+        tid = str(row[self.id_field]) if self.id_field else f"row-{i}"
+        seed = int(row[self.seed_field]) if self.seed_field else i
+        return Task(id=tid, seed=seed, data=row)
+
+
+class TaskStream:
+    """One list of tasks per step, sharded by rank; stateful so a resume continues where it stopped."""
+
+    def __init__(self, source: TaskSource, tasks_per_step: int, steps: int, rank: int = 0, world_size: int = 1):
+        self.source = source
+        self.tasks_per_step = tasks_per_step
+        self.steps = steps
+        self.rank, self.world_size = rank, world_size
+        self.step = 0
+
+    def tasks_for(self, step: int) -> list[Task]:
+        first = (step * self.world_size + self.rank) * self.tasks_per_step
+        return [self.source.task(first + i) for i in range(self.tasks_per_step)]
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[list[Task]]:
+        while self.step < self.steps:
+            tasks = self.tasks_for(self.step)
+            self.step += 1
+            yield tasks
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.step = int(state["step"])
+
+
+class RolloutDataModule(pl.LightningDataModule):
+    """Tasks and live rollouts.
+
+    Args:
+        agent: The agent (``EnvAgent`` over an environment, a LangChain agent, ...).
+        tasks: Training task source (default: environment seeds from 0).
+        batch_size: Episodes per step (tasks per step × the schedule's episodes per task).
+        steps: Training steps (RL iterations) of the run.
+        sampling: Sampling parameters of rollouts (temperature 1.0 by default, as Turn-PPO recommends).
+        concurrency: Episodes in flight at once.
+        episode_timeout: Seconds before an episode is ended as failed.
+        max_failed_fraction: A collection with more failed episodes than this fraction stops the run.
+        max_turns: Hard cap on LLM calls per episode (on top of the agent's own limit).
+        eval_tasks: Held-out task source (default: environment seeds from 1,000,000).
+        eval_episodes: Episodes of the evaluation run at the start (the base success rate) and every
+            ``eval_every`` steps; 0 disables.
+        eval_every: Steps between evaluations (0: only at the start and the end).
+        seed: Run seed mixed into every episode's sampling seed.
+    """
+
+    def __init__(
+        self,
+        agent: Agent,
+        tasks: TaskSource | None = None,
+        *,
+        batch_size: int = 8,
+        steps: int = 20,
+        sampling: SamplingParams | None = None,
+        concurrency: int = 32,
+        episode_timeout: float = 600.0,
+        max_failed_fraction: float = 0.5,
+        max_turns: int | None = None,
+        eval_tasks: TaskSource | None = None,
+        eval_episodes: int = 0,
+        eval_every: int = 0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        for name, value, low in (("batch_size", batch_size, 1), ("steps", steps, 1), ("concurrency", concurrency, 1),
+                                 ("eval_episodes", eval_episodes, 0), ("eval_every", eval_every, 0)):
+            if value < low:
+                raise ValueError(f"data.{name} must be >= {low}, got {value}")
+        if episode_timeout <= 0:
+            raise ValueError(f"data.episode_timeout must be > 0, got {episode_timeout}")
+        self.agent = agent
+        self.tasks = tasks or SeedTasks()
+        self.eval_tasks = eval_tasks or SeedTasks(offset=1_000_000, prefix="eval")
+        self.batch_size = batch_size
+        self.steps = steps
+        self.sampling = sampling or SamplingParams(max_tokens=64)
+        self.concurrency = concurrency
+        self.episode_timeout = episode_timeout
+        self.max_failed_fraction = max_failed_fraction
+        self.max_turns = max_turns
+        self.eval_episodes = eval_episodes
+        self.eval_every = eval_every
+        self.seed = seed
+        self.episodes_per_task = 1
+        self._stream: TaskStream | None = None
+
+    def configure(self, episodes_per_task: int) -> None:
+        """Size the batch for the schedule; called before any work, so a bad size stops the run at once."""
+        if self.batch_size < episodes_per_task:
+            raise ValueError(
+                f"data.batch_size={self.batch_size} is smaller than one group of the algorithm "
+                f"({episodes_per_task} episodes per task): each step needs at least one whole group"
+            )
+        if self.batch_size % episodes_per_task:
+            raise ValueError(f"data.batch_size={self.batch_size} must be a multiple of the algorithm's "
+                             f"{episodes_per_task} episodes per task")
+        self.episodes_per_task = episodes_per_task
+
+    @property
+    def tasks_per_step(self) -> int:
+        return self.batch_size // self.episodes_per_task
+
+    def train_dataloader(self) -> TaskStream:
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        if self._stream is None:
+            self._stream = TaskStream(self.tasks, self.tasks_per_step, self.steps, rank, world)
+        return self._stream
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stream": self._stream.state_dict() if self._stream else {"step": 0}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.train_dataloader().load_state_dict(state_dict["stream"])
+
+    def make_collector(self, engine: RolloutEngine, tokenizer: Any) -> Collector:
+        return Collector(engine, self.agent, tokenizer, sampling=self.sampling, concurrency=self.concurrency,
+                         episode_timeout=self.episode_timeout, max_failed_fraction=self.max_failed_fraction,
+                         max_turns=self.max_turns, seed=self.seed)
+
+    def eval_task_list(self) -> list[Task]:
+        return [self.eval_tasks.task(i) for i in range(self.eval_episodes)]

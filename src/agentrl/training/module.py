@@ -1,0 +1,424 @@
+"""`AgentRLModule`: the policy, the turn critic and an algorithm schedule, trained with live rollouts.
+
+One training step is one RL iteration: the schedule collects rollouts with the current weights (through the
+data module's collector), computes advantages, runs PPO epochs over minibatches (manual optimization), and
+pushes the new weights to the rollout engine. Rollouts are collected *inside* the step, so Lightning's
+prefetching of the next batch (a list of tasks) can never run an episode with stale weights; every turn is
+stamped with the policy version, and the step checks the stamps.
+
+The schedule (`agentrl.training.schedules`) decides *what* to collect and *which* turns to train with which
+advantages; this module owns *how*: packing turns into rows, micro-batching, the losses, optimizers, gradient
+clipping, the non-finite-update guard, metrics, and the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+
+from agentrl.agents.base import Task
+from agentrl.agents.llm import derive_seed
+from agentrl.algorithms.losses import clipped_value_loss, kl_k3, ppo_policy_loss
+from agentrl.models.critic import TurnCritic
+from agentrl.models.policy import Policy
+from agentrl.rollout.collector import CollectStats
+from agentrl.rollout.engines import EngineSpec, HFEngineSpec
+from agentrl.rollout.runtime import RolloutRuntime
+from agentrl.training.batching import Row, TurnTargets, collate, micro_batches, pack_rows, token_counts
+from agentrl.training.settings import CriticSettings, OptimSettings, PPOSettings
+from agentrl.types import Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.rollout.collector import Collector
+    from agentrl.rollout.engine import RolloutEngine
+    from agentrl.training.schedules import Schedule
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class NonFiniteUpdateError(RuntimeError):
+    """Too many consecutive updates had a non-finite loss or gradient."""
+
+
+class AgentRLModule(pl.LightningModule):
+    """Policy + turn critic + schedule.
+
+    Args:
+        policy: The policy (model, LoRA, dtype).
+        algorithm: The schedule: `GRPO`, `TurnPPO`, `TokenPPO` or `RTPO` (``class_path`` in the config).
+        engine: How rollouts are generated: the embedded engine (default) or a vLLM server.
+        optim: Optimizer settings of the policy and the critic.
+        critic: Critic settings (used by schedules that need a critic).
+        micro_batch_tokens: Padded-token budget of one forward/backward (memory knob; results do not depend on it).
+        pack_turns: Pack the turns of a trajectory that share an exact prefix into one row.
+        peak_flops: Peak FLOP/s of one device for ``perf/mfu``; None measures a matmul at start.
+        seed: Seed of minibatch shuffling (rollout seeds come from the data module).
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        algorithm: Schedule,
+        *,
+        engine: EngineSpec | None = None,
+        optim: OptimSettings | None = None,
+        critic: CriticSettings | None = None,
+        micro_batch_tokens: int = 4096,
+        pack_turns: bool = True,
+        peak_flops: float | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if micro_batch_tokens < 1:
+            raise ValueError(f"model.micro_batch_tokens must be >= 1, got {micro_batch_tokens}")
+        self.automatic_optimization = False
+        self.policy = policy
+        self.algorithm = algorithm
+        self.engine_spec = engine or HFEngineSpec()
+        self.optim = optim or OptimSettings()
+        self.critic_settings = critic or CriticSettings()
+        self.critic: TurnCritic | None = None
+        if algorithm.needs_critic:
+            self.critic = TurnCritic(policy, shared_backbone=self.critic_settings.shared_backbone)
+        if algorithm.needs_reference and not policy.uses_lora:
+            raise ValueError("algorithm.ppo.kl_coef > 0 needs a LoRA policy (policy.lora): the frozen base is the "
+                             "KL reference")
+        self.micro_batch_tokens = micro_batch_tokens
+        self.pack_turns = pack_turns
+        self.peak_flops = peak_flops
+        self.seed = seed
+        self.rl_step = 0
+        self.policy_version = 0
+        self.temperature = 1.0
+        self._bad_updates = 0
+        self._runtime: RolloutRuntime | None = None
+        self._engine: RolloutEngine | None = None
+        self._collector: Collector | None = None
+        self._step_stats: dict[str, float] = defaultdict(float)
+        self.last_trajectories: list[Trajectory] = []
+        self.last_eval: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        o = self.optim
+        opts = [torch.optim.AdamW(self.policy.trainable_parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
+                                  weight_decay=o.weight_decay)]
+        if self.critic is not None:
+            opts.append(torch.optim.AdamW(self.critic.trainable_parameters(), lr=o.critic_lr,
+                                          betas=(o.beta1, o.beta2), weight_decay=o.weight_decay))
+        return opts
+
+    def setup(self, stage: str) -> None:
+        dm = self.trainer.datamodule  # type: ignore[attr-defined]
+        if dm is None or not hasattr(dm, "make_collector"):
+            raise ValueError("AgentRLModule needs a RolloutDataModule (config key 'data')")
+        dm.configure(self.algorithm.episodes_per_task)  # a bad batch size stops here, before any work
+
+    def on_fit_start(self) -> None:
+        # after checkpoint restore and device placement: the engine starts at the restored policy version
+        self.attach(self.trainer.datamodule.make_collector)  # type: ignore[attr-defined]
+        if self.peak_flops is None:
+            from agentrl.training.perf import measure_peak_flops
+
+            self.peak_flops = measure_peak_flops(self.device, self.policy.compute_dtype)
+        if self.rl_step == 0:
+            self.evaluate("base")
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        dm = self.trainer.datamodule  # type: ignore[attr-defined]
+        if dm.eval_every and self.rl_step % dm.eval_every == 0 and self.rl_step < dm.steps:
+            self.evaluate(f"step {self.rl_step}")
+
+    def on_train_end(self) -> None:
+        dm = self.trainer.datamodule  # type: ignore[attr-defined]
+        if self.rl_step >= dm.steps:  # not after a requested stop: that should be quick
+            self.evaluate("final")
+
+    def attach(self, make_collector: Any) -> None:
+        """Start the rollout loop and the engine, connect the collector, and push the current weights."""
+        self.detach()
+        self._runtime = RolloutRuntime()
+        self._engine = self.engine_spec.build(self.policy)
+        self._collector = make_collector(self._engine, self.policy.tokenizer)
+        self.temperature = self._collector.sampling.temperature or 1.0
+        self.run_async(self._engine.update_weights(self.policy, version=self.policy_version))
+
+    def evaluate(self, label: str) -> dict[str, float]:
+        """Episodes on held-out tasks (``data.eval_episodes``) with the current weights; logs ``eval/*``."""
+        from agentrl.training.schedules import rollout_metrics
+
+        dm = self.trainer.datamodule  # type: ignore[attr-defined]
+        if not dm.eval_episodes or self._collector is None:
+            return {}
+        trajs = self.run_async(self.collector.collect_groups(dm.eval_task_list(), 1, step=-1))
+        self.collector.reset_stats()
+        metrics = {k.replace("rollout/", "eval/"): v for k, v in rollout_metrics(trajs).items()}
+        if self.trainer.logger is not None and self.trainer.is_global_zero:
+            self.trainer.logger.log_metrics(metrics, step=self.rl_step)
+        if self.trainer.is_global_zero:
+            print(f"[agentrl] {label} evaluation on {len(trajs)} held-out episodes: success "
+                  f"{metrics.get('eval/success', float('nan')):.3f}, reward {metrics.get('eval/reward', float('nan')):.3f}",
+                  flush=True)
+        self.last_eval = metrics
+        return metrics
+
+    def on_fit_end(self) -> None:
+        self.detach()
+
+    def on_exception(self, exception: BaseException) -> None:
+        self.detach()
+
+    def detach(self) -> None:
+        if self._runtime is not None:
+            shutdown = getattr(self._engine, "shutdown", None)
+            if shutdown is not None:
+                self._runtime.run(shutdown())
+            self._runtime.close()
+        self._runtime = self._engine = self._collector = None
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["agentrl"] = {"rl_step": self.rl_step, "policy_version": self.policy_version}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("agentrl", {})
+        self.rl_step = int(state.get("rl_step", 0))
+        self.policy_version = int(state.get("policy_version", 0))
+
+    # ------------------------------------------------------------------ rollouts (used by schedules)
+
+    @property
+    def collector(self) -> Collector:
+        if self._collector is None:
+            raise RuntimeError("the module is not attached to a collector (fit not started)")
+        return self._collector
+
+    @property
+    def engine(self) -> RolloutEngine:
+        if self._engine is None:
+            raise RuntimeError("the module has no engine yet (fit not started)")
+        return self._engine
+
+    def run_async(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._runtime is None:
+            raise RuntimeError("rollout runtime not started")
+        return self._runtime.run(coro)
+
+    def collect(self, coro: Coroutine[Any, Any, list[Trajectory]]) -> list[Trajectory]:
+        """Run one collection with the current weights, check the version stamps, and account for its cost."""
+        if self.engine.version != self.policy_version:
+            raise RuntimeError(f"engine serves version {self.engine.version} but the policy is at "
+                               f"{self.policy_version}: push the weights before collecting")
+        trajs = self.run_async(coro)
+        self.last_trajectories = trajs
+        stale = {t.policy_version for tr in trajs for t in tr.turns if not t.forced} - {self.policy_version}
+        if stale:
+            raise RuntimeError(f"rollouts used stale weights (versions {sorted(stale)}, current "
+                               f"{self.policy_version})")
+        stats: CollectStats = self.collector.reset_stats()
+        s = self._step_stats
+        s["episodes"] += stats.episodes
+        s["failed"] += stats.failed
+        s["generated_tokens"] += stats.generated_tokens
+        s["sampled_turns"] += stats.sampled_turns
+        s["rollout_seconds"] += stats.seconds
+        return trajs
+
+    def push_weights(self) -> None:
+        """Serve the updated weights: every later rollout uses them."""
+        self.policy_version += 1
+        self.run_async(self.engine.update_weights(self.policy, version=self.policy_version))
+
+    # ------------------------------------------------------------------ critic values
+
+    @torch.no_grad()
+    def values(self, trajectories: Sequence[Trajectory], turns: dict[tuple[int, int], bool]) -> dict[
+            tuple[int, int], list[float]]:
+        """Critic values of the selected turns: ``{(b, n): [V at each response token]}``; the first entry is the
+        turn's pre-action value V(s_n)."""
+        if self.critic is None:
+            raise RuntimeError("this schedule has no critic")
+        targets = {key: TurnTargets(0.0) for key in turns}
+        rows = pack_rows(trajectories, targets, pack=self.pack_turns)
+        keys = [(b, t.index) for b, traj in enumerate(trajectories) for t in traj.turns if (b, t.index) in turns]
+        by_id: dict[int, list[float]] = {}
+        for micro in micro_batches(rows, self.micro_batch_tokens):
+            batch = collate(micro, self._pad_id).to(self.device)
+            values = self.critic(batch.input_ids, batch.attention_mask)
+            for i, row in enumerate(micro):
+                for tid, turn, _ in row.turns:
+                    start = len(turn.prompt_ids)
+                    by_id[tid] = values[i, start : start + len(turn.response_ids)].tolist()
+        return {key: by_id[i] for i, key in enumerate(keys)}
+
+    @property
+    def _pad_id(self) -> int:
+        pad = self.policy.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.policy.tokenizer.eos_token_id)
+
+    # ------------------------------------------------------------------ the update
+
+    def update(self, trajectories: Sequence[Trajectory], targets: dict[tuple[int, int], TurnTargets],
+               ppo: PPOSettings, *, tag: str = "") -> dict[str, float]:
+        """PPO epochs × minibatches over the selected turns. Returns averaged ``train/*`` metrics."""
+        rows = pack_rows(trajectories, targets, pack=self.pack_turns)
+        rows = [r for r in rows if any(t.response_ids for _, t, _ in r.turns)]
+        if not rows:
+            return {"train/skipped_updates": 1.0}
+        packed, unpacked = token_counts(rows)
+        self._step_stats["packed_tokens"] += packed
+        self._step_stats["unpacked_tokens"] += unpacked
+        gen = torch.Generator().manual_seed(derive_seed(self.seed, self.rl_step, "minibatches", tag))
+        size = ppo.minibatch_size or len(rows)
+        totals: dict[str, float] = defaultdict(float)
+        steps = 0
+        start = time.perf_counter()
+        for _ in range(ppo.epochs):
+            order = torch.randperm(len(rows), generator=gen).tolist()
+            for first in range(0, len(rows), size):
+                stats = self._minibatch_step([rows[i] for i in order[first : first + size]], ppo)
+                for k, v in stats.items():
+                    totals[k] += v
+                steps += 1
+        self._step_stats["train_seconds"] += time.perf_counter() - start
+        return {k: v / steps for k, v in totals.items()}
+
+    def _units(self, rows: Sequence[Row], units: str) -> int:
+        if units == "turn":
+            return sum(1 for r in rows for _, t, _ in r.turns if t.response_ids)
+        return sum(len(t.response_ids) for r in rows for _, t, _ in r.turns)
+
+    def _minibatch_step(self, rows: list[Row], ppo: PPOSettings) -> dict[str, float]:
+        opts = self.optimizers()
+        opts = opts if isinstance(opts, list) else [opts]
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        units = self._units(rows, ppo.units)
+        value_units = sum(len(t.response_ids) if tgt.per_token_values else 1
+                          for r in rows for _, t, tgt in r.turns if tgt.returns is not None and t.response_ids)
+        stats: dict[str, float] = defaultdict(float)
+        for micro in micro_batches(rows, self.micro_batch_tokens):
+            batch = collate(micro, self._pad_id).to(self.device)
+            share = self._units(micro, ppo.units) / units
+            loss, micro_stats = self._loss(batch, ppo, share, value_units)
+            self.manual_backward(loss)
+            for k, v in micro_stats.items():
+                stats[k] += v * share
+            self._step_stats["train_tokens"] += float(batch.attention_mask.sum())
+            self._step_stats["scored_tokens"] += float(batch.response_mask.sum())
+        return self._step_optimizers(opts, stats)
+
+    def _loss(self, batch: Any, ppo: PPOSettings, share: float, value_units: int) -> tuple[Tensor, dict[str, float]]:
+        hidden = self.policy.hidden_states(batch.input_ids, batch.attention_mask)
+        lp = self.policy.logprobs_from_hidden(hidden, batch.input_ids, batch.response_mask,
+                                              temperature=self.temperature, with_entropy=True)
+        pl_out = ppo_policy_loss(
+            lp.logprobs, batch.old_logprobs, batch.advantages, batch.response_mask, clip_low=ppo.clip_low,
+            clip_high=ppo.clip_high, turn_ids=batch.turn_ids, ratio=ppo.ratio, aggregate=ppo.aggregate,
+            log_ratio_clamp=ppo.log_ratio_clamp, weights=batch.weights,
+        )
+        assert lp.entropy is not None
+        entropy = ppo.aggregate(lp.entropy, batch.response_mask, batch.turn_ids)
+        loss = (pl_out.loss - ppo.entropy_coef * entropy) * share
+        stats = {"train/policy_loss": pl_out.loss.item(), "train/approx_kl": pl_out.approx_kl.item(),
+                 "train/clipfrac": pl_out.clipfrac.item(), "train/entropy": entropy.item()}
+        if ppo.kl_coef > 0:
+            with torch.no_grad(), self.policy.adapter_disabled():
+                ref = self.policy.logprobs_from_hidden(
+                    self.policy.hidden_states(batch.input_ids, batch.attention_mask), batch.input_ids,
+                    batch.response_mask, temperature=self.temperature).logprobs
+            kl = ppo.aggregate(kl_k3(lp.logprobs, ref), batch.response_mask, batch.turn_ids)
+            loss = loss + ppo.kl_coef * kl * share
+            stats["train/kl_ref"] = kl.item()
+        if self.critic is not None and bool(batch.value_mask.any()):
+            critic_hidden = hidden if self.critic.backbone is None else self.critic.hidden_states(
+                batch.input_ids, batch.attention_mask)
+            values = self.critic.values_from_hidden(critic_hidden)
+            vl = clipped_value_loss(values, batch.old_values, batch.returns, batch.value_mask, clip=ppo.value_clip)
+            v_share = float(batch.value_mask.sum()) / max(value_units, 1)
+            loss = loss + self.critic_settings.vf_coef * vl.loss * v_share
+            stats["train/value_loss"] = vl.loss.item() * v_share / share
+            stats["train/value_clipfrac"] = float(vl.clipfrac) * v_share / share
+        return loss, stats
+
+    def _step_optimizers(self, opts: list[Any], stats: dict[str, float]) -> dict[str, float]:
+        """Clip gradients, guard against non-finite updates, step the optimizers."""
+        o = self.optim
+        norm = _clip(self.policy.trainable_parameters(), o.max_grad_norm)
+        stats["train/grad_norm"] = norm
+        finite = math.isfinite(norm) and all(math.isfinite(v) for v in stats.values())
+        if self.critic is not None:
+            c_norm = _clip(self.critic.trainable_parameters(), o.critic_max_grad_norm)
+            stats["train/critic_grad_norm"] = c_norm
+            finite = finite and math.isfinite(c_norm)
+        if not finite:
+            self._bad_updates += 1
+            stats["train/skipped_updates"] = 1.0
+            log.warning("non-finite loss or gradient: update skipped (%d in a row)", self._bad_updates)
+            for opt in opts:
+                opt.zero_grad(set_to_none=True)
+            if self._bad_updates >= o.max_bad_updates:
+                raise NonFiniteUpdateError(
+                    f"{self._bad_updates} non-finite updates in a row (optim.max_bad_updates="
+                    f"{o.max_bad_updates}); lower optim.lr or check the rewards")
+            return {k: (0.0 if not math.isfinite(v) else v) for k, v in stats.items()}
+        self._bad_updates = 0
+        for opt in opts:
+            opt.step()
+        return dict(stats)
+
+    # ------------------------------------------------------------------ the training step
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        return batch  # a list of tasks: nothing to move; rollouts are made on the right device later
+
+    def training_step(self, tasks: list[Task], batch_idx: int) -> None:
+        start = time.perf_counter()
+        self._step_stats = defaultdict(float)
+        metrics = self.algorithm.step(self, list(tasks))
+        self.rl_step += 1
+        metrics.update(self._perf_metrics(time.perf_counter() - start))
+        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(tasks))
+        reward = metrics.get("rollout/reward", float("nan"))
+        self.log("reward", reward, prog_bar=True, on_step=True, batch_size=len(tasks), logger=False)
+        self.log("step_s", metrics["perf/step_seconds"], prog_bar=True, on_step=True, batch_size=len(tasks),
+                 logger=False)
+        log.info("step %d: reward %.3f, success %.3f, %.1f s", self.rl_step, reward,
+                 metrics.get("rollout/success", float("nan")), metrics["perf/step_seconds"])
+
+    def _perf_metrics(self, seconds: float) -> dict[str, float]:
+        s = self._step_stats
+        out = {"perf/step_seconds": seconds, "perf/generated_tokens": s["generated_tokens"],
+               "perf/policy_version": float(self.policy_version)}
+        if s["rollout_seconds"] > 0:
+            out["perf/rollout_tokens_per_s"] = s["generated_tokens"] / s["rollout_seconds"]
+        if s["train_seconds"] > 0:
+            out["perf/train_tokens_per_s"] = s["train_tokens"] / s["train_seconds"]
+            if self.peak_flops:
+                from agentrl.training.perf import train_flops
+
+                flops = train_flops(self.policy, self.critic, s["train_tokens"], s["scored_tokens"])
+                out["perf/mfu"] = flops / s["train_seconds"] / self.peak_flops
+        if s["unpacked_tokens"] > 0:
+            out["perf/packing_saving"] = 1.0 - s["packed_tokens"] / s["unpacked_tokens"]
+        if s["episodes"] > 0:
+            out["rollout/failed"] = s["failed"] / s["episodes"]
+        return out
+
+
+def _clip(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    grads = [p for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in grads])))  # type: ignore[arg-type]

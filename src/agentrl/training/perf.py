@@ -1,0 +1,39 @@
+"""Performance accounting: measured peak matmul throughput and the FLOPs of an update (for ``perf/mfu``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+
+def measure_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 2048, reps: int = 3) -> float:
+    """Best-of-``reps`` FLOP/s of an n×n×n matmul on ``device`` in ``dtype``: the denominator of MFU, measured on
+    the machine the run uses."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(reps + 1):  # the first is a warm-up
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        (a @ b).sum().item()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def _params(module: Any) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def train_flops(policy: Any, critic: Any, tokens: float, scored_tokens: float) -> float:
+    """FLOPs of forward + backward over ``tokens``: 6 per non-embedding backbone parameter per token, plus the
+    LM head, which the trainer applies only to ``scored_tokens``, plus the critic's separate backbone if any.
+    Attention's sequence-quadratic term is left out (the usual 6N approximation; small at these lengths)."""
+    backbone = _params(policy.backbone) - policy.backbone.get_input_embeddings().weight.numel()  # lookups: no FLOPs
+    head = policy.lm_head.weight.numel()
+    flops = 6.0 * backbone * tokens + 6.0 * head * scored_tokens
+    if critic is not None and critic.backbone is not None:
+        flops += 6.0 * (_params(critic.backbone) - critic.backbone.get_input_embeddings().weight.numel()) * tokens
+    return flops

@@ -1,0 +1,165 @@
+"""RTPO: reverse-turn policy optimisation over sparse reverse trees (Li, Qiao, Cao, Hu, arXiv 2608.18682).
+
+One step (the paper's Algorithm 1):
+
+1. **Trunks.** One full trajectory per task (``trunks_per_task`` of them) with the current policy. Trunks get no
+   gradient and are not in any baseline; they only provide the boundary states S_k (the exact prompt ids c_k).
+2. **Reverse sweep.** For k = K−1 down to 0:
+   a. the current weights are served (pushed after the previous depth's update), θ_old ← θ;
+   b. from each trunk with more than k turns, G−1 *siblings* branch at boundary k: the trunk's first k turns are
+      replayed (or restored from a snapshot), turn k is sampled fresh from c_k, and the episode continues **with
+      the current policy** to its end (on-policy continuation: the downstream turns already come from the
+      updated θ_{>k}, so the trajectory importance weight is 1);
+   c. ``A_j = R_j − mean(R of the siblings of that trunk)`` — no std normalisation (`sibling_advantages`);
+   d. E epochs of PPO minibatches on the siblings' turn-k tokens only: token-level ratio (Eq. 5), token mean per
+      sibling then mean over siblings (Eq. 6). Forced prefix turns, tool outputs, downstream turns and trunks
+      get no gradient.
+
+Earlier turns are thus always trained against the already-improved downstream policy.
+
+Departures, all documented in docs/algorithms/rtpo.md: G counts the trunk as in the paper (G − 1 siblings per
+boundary; G = 2 leaves a single sibling and a zero advantage, Theorem 1's (G−2)/(G−1) factor); the reward R_j is
+the sibling's whole return (its replayed prefix rewards are shared by its group and cancel in A_j); the
+off-policy ablation samples every depth's siblings up front with θ_0 and weights turn k by the clamped product of
+the downstream turns' ratios.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from agentrl.agents.base import Task
+from agentrl.algorithms.advantages import sibling_advantages
+from agentrl.training.batching import TurnTargets, collate, micro_batches, pack_rows
+from agentrl.training.schedules import Schedule, rollout_metrics
+from agentrl.training.settings import PPOSettings
+from agentrl.types import Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.training.module import AgentRLModule
+
+
+class RTPO(Schedule):
+    """Reverse-turn policy optimisation.
+
+    Args:
+        group_size: G, the paper's group size: G − 1 siblings per trunk and boundary (default 3: two siblings).
+        trunks_per_task: Trunks per task (the paper: 4 for math, 2 for search).
+        max_depth: Train only boundaries k < max_depth (the K cap); None trains every turn of the longest trunk.
+        off_policy_continuation: Ablation: sample all depths' siblings up front with the step's initial weights
+            and correct turn k with the clamped product of downstream ratios (the paper's drift experiment).
+        is_clamp: Clamp of that importance weight to [1/is_clamp, is_clamp].
+        ppo: Clipped-update settings (defaults: token-level ratio, RTPO Eq. 6 turn mean, one epoch).
+    """
+
+    def __init__(
+        self,
+        group_size: int = 3,
+        trunks_per_task: int = 1,
+        max_depth: int | None = None,
+        off_policy_continuation: bool = False,
+        is_clamp: float = 2.0,
+        ppo: PPOSettings | None = None,
+    ) -> None:
+        super().__init__(ppo)
+        if group_size < 2:
+            raise ValueError(f"algorithm.group_size (G) must be >= 2, got {group_size}")
+        if trunks_per_task < 1:
+            raise ValueError(f"algorithm.trunks_per_task must be >= 1, got {trunks_per_task}")
+        if max_depth is not None and max_depth < 1:
+            raise ValueError(f"algorithm.max_depth must be >= 1 or null, got {max_depth}")
+        if is_clamp < 1.0:
+            raise ValueError(f"algorithm.is_clamp must be >= 1, got {is_clamp}")
+        self.group_size = group_size
+        self.trunks_per_task = trunks_per_task
+        self.max_depth = max_depth
+        self.off_policy_continuation = off_policy_continuation
+        self.is_clamp = is_clamp
+        self.depth_log: list[tuple[int, int]] = []  # (k, policy version its siblings were sampled with)
+
+    @property
+    def siblings(self) -> int:
+        return self.group_size - 1
+
+    @property
+    def episodes_per_task(self) -> int:
+        return self.trunks_per_task
+
+    def step(self, module: AgentRLModule, tasks: list[Task]) -> dict[str, float]:
+        col = module.collector
+        step = module.rl_step
+        trunks = module.collect(col.collect_trunks(tasks, step=step, per_task=self.trunks_per_task))
+        metrics = rollout_metrics(trunks)
+        ok = [t for t in trunks if not t.failed]
+        depth = max((t.num_turns for t in ok), default=0)
+        if self.max_depth is not None:
+            depth = min(depth, self.max_depth)
+        by_id = {t.id: t for t in tasks}
+        upfront: dict[int, list[Trajectory]] = {}
+        if self.off_policy_continuation:
+            for k in range(depth):
+                upfront[k] = module.collect(col.branch(ok, by_id, k, self.siblings, step=step))
+        self.depth_log = []
+        per_depth: list[dict[str, float]] = []
+        for k in reversed(range(depth)):
+            if self.off_policy_continuation:
+                siblings = upfront[k]
+            else:
+                siblings = module.collect(col.branch(ok, by_id, k, self.siblings, step=step))
+            self.depth_log.append((k, module.policy_version))
+            stats, train = self._update_depth(module, k, siblings)
+            per_depth.append(train)
+            metrics.update({f"rtpo/depth{k}/{name}": v for name, v in stats.items()})
+            module.push_weights()
+        if depth == 0:
+            module.push_weights()
+        for name in ("train/policy_loss", "train/approx_kl", "train/clipfrac", "train/entropy", "train/grad_norm"):
+            values = [s[name] for s in per_depth if name in s]
+            if values:
+                metrics[name] = sum(values) / len(values)
+        metrics["rtpo/depths"] = float(depth)
+        return metrics
+
+    def _update_depth(self, module: AgentRLModule, k: int, siblings: list[Trajectory]) -> tuple[
+            dict[str, float], dict[str, float]]:
+        """Sibling advantages and the PPO update of depth k: (per-depth statistics, ``train/*`` metrics)."""
+        ok = [s for s in siblings if not s.failed and s.num_turns > k]
+        stats: dict[str, float] = {"siblings": float(len(ok))}
+        if not ok:
+            return stats, {}
+        rewards = torch.tensor([s.total_reward for s in ok], dtype=torch.float64)
+        groups = torch.tensor([s.group for s in ok])
+        adv = sibling_advantages(rewards, groups)
+        weights = self._is_weights(module, ok, k) if self.off_policy_continuation else [1.0] * len(ok)
+        targets = {(b, k): TurnTargets(float(adv[b]), weight=weights[b]) for b in range(len(ok))}
+        stats["reward"] = float(rewards.mean())
+        stats["zero_advantage_frac"] = float((adv.abs() < 1e-12).double().mean())
+        if self.off_policy_continuation:
+            stats["is_weight"] = sum(weights) / len(weights)
+        train = module.update(ok, targets, self.ppo, tag=f"k{k}")
+        for name in ("clipfrac", "approx_kl", "policy_loss"):
+            if f"train/{name}" in train:
+                stats[name] = train[f"train/{name}"]
+        return stats, train
+
+    @torch.no_grad()
+    def _is_weights(self, module: AgentRLModule, siblings: list[Trajectory], k: int) -> list[float]:
+        """Clamped product of the downstream turns' token ratios π_θ/π_old (turns after k) per sibling."""
+        targets = {(b, t.index): TurnTargets(0.0) for b, s in enumerate(siblings) for t in s.turns if t.index > k}
+        log_w = [0.0] * len(siblings)
+        if targets:
+            owner = [b for b, s in enumerate(siblings) for t in s.turns if t.index > k]
+            rows = pack_rows(siblings, targets, pack=module.pack_turns)
+            for micro in micro_batches(rows, module.micro_batch_tokens):
+                batch = collate(micro, module._pad_id).to(module.device)
+                lp = module.policy.logprobs(batch, temperature=module.temperature).logprobs
+                diff = (lp - batch.old_logprobs) * batch.response_mask
+                for i, row in enumerate(micro):
+                    for tid, turn, _ in row.turns:
+                        s = slice(len(turn.prompt_ids), len(turn.prompt_ids) + len(turn.response_ids))
+                        log_w[owner[tid]] += float(diff[i, s].sum())
+        bound = math.log(self.is_clamp)
+        return [math.exp(max(-bound, min(bound, w))) for w in log_w]

@@ -1,0 +1,235 @@
+"""Algorithm schedules: what to collect each step, which turns to train, with which advantages.
+
+Chosen with ``class_path`` in the config (CONVENTIONS rule 4). Each is short and reads top to bottom:
+
+* `GRPO` — trajectory-level baseline: n samples per task, group-normalised episode return broadcast to every turn.
+* `TurnPPO` — Turn-PPO (arXiv 2512.17008): learned turn critic V(s_n), GAE over turns, the turn's advantage
+  broadcast to its tokens, PPO clipped objective.
+* `TokenPPO` — classic token-level PPO baseline: one sequence per episode, a value per response token, token GAE
+  with observation tokens masked (as verl).
+* `RTPO` lives in `agentrl.training.rtpo` (reverse-turn updates over sparse trees).
+
+The module (`AgentRLModule`) provides the machinery: ``collect``, ``values``, ``update``, ``push_weights``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from agentrl.algorithms.advantages import grpo_advantages, token_gae, turn_gae, whiten
+from agentrl.agents.base import Task
+from agentrl.algorithms.losses import explained_variance, token_mean
+from agentrl.training.batching import TurnTargets
+from agentrl.training.settings import PPOSettings
+from agentrl.types import Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.training.module import AgentRLModule
+
+
+def rollout_metrics(trajs: Sequence[Trajectory], prefix: str = "rollout") -> dict[str, float]:
+    """``rollout/{reward,success,turns,tokens_per_turn,...}`` over the non-failed trajectories."""
+    ok = [t for t in trajs if not t.failed]
+    if not ok:
+        return {f"{prefix}/episodes": float(len(trajs))}
+    sampled = [turn for t in ok for turn in t.turns if not turn.forced]
+    return {
+        f"{prefix}/reward": sum(t.total_reward for t in ok) / len(ok),
+        f"{prefix}/success": sum(t.success for t in ok) / len(ok),
+        f"{prefix}/turns": sum(t.num_turns for t in ok) / len(ok),
+        f"{prefix}/tokens_per_turn": sum(len(t.response_ids) for t in sampled) / max(len(sampled), 1),
+        f"{prefix}/truncated": sum(t.truncated for t in ok) / len(ok),
+        f"{prefix}/length_finish": sum(t.finish_reason == "length" for t in sampled) / max(len(sampled), 1),
+        f"{prefix}/episodes": float(len(trajs)),
+    }
+
+
+class Schedule:
+    """Base of the schedules. ``episodes_per_task`` sizes the batch; ``needs_critic`` builds a `TurnCritic`."""
+
+    needs_critic: bool = False
+
+    def __init__(self, ppo: PPOSettings | None = None) -> None:
+        self.ppo = ppo or PPOSettings()
+
+    @property
+    def episodes_per_task(self) -> int:
+        return 1
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.ppo.kl_coef > 0
+
+    def step(self, module: AgentRLModule, tasks: list[Task]) -> dict[str, float]:
+        raise NotImplementedError
+
+
+def _check_group(group_size: int, name: str) -> None:
+    if group_size < 1:
+        raise ValueError(f"algorithm.{name} must be >= 1, got {group_size}")
+
+
+class GRPO(Schedule):
+    """Trajectory-level GRPO: ``A = (R − mean_group R) / (std_group R + eps)`` on every turn of the episode.
+
+    Args:
+        group_size: Episodes per task (the group).
+        eps: Added to the group standard deviation.
+        ppo: Clipped-update settings.
+    """
+
+    def __init__(self, group_size: int = 8, eps: float = 1e-6, ppo: PPOSettings | None = None) -> None:
+        super().__init__(ppo)
+        _check_group(group_size, "group_size")
+        if group_size < 2:
+            raise ValueError("algorithm.group_size must be >= 2 for GRPO (a group of one has no baseline)")
+        self.group_size = group_size
+        self.eps = eps
+
+    @property
+    def episodes_per_task(self) -> int:
+        return self.group_size
+
+    def step(self, module: AgentRLModule, tasks: list[Task]) -> dict[str, float]:
+        trajs = module.collect(module.collector.collect_groups(tasks, self.group_size, step=module.rl_step))
+        ok = [t for t in trajs if not t.failed]
+        metrics = rollout_metrics(trajs)
+        if ok:
+            returns = torch.tensor([t.total_reward for t in ok], dtype=torch.float64)
+            adv = grpo_advantages(returns, torch.tensor([t.group for t in ok]), eps=self.eps)
+            targets = {(b, turn.index): TurnTargets(float(adv[b])) for b, t in enumerate(ok) for turn in t.turns}
+            metrics["train/zero_advantage_frac"] = float((adv == 0).double().mean())
+            metrics.update(module.update(ok, targets, self.ppo))
+        module.push_weights()
+        return metrics
+
+
+class TurnPPO(Schedule):
+    """Turn-PPO: turn critic V(s_n) read at the last prompt token, GAE over turns, PPO on the turns' tokens.
+
+    Args:
+        gamma: Turn discount γ (paper's best: 0.99).
+        lam: Turn GAE λ (paper's best: 0.9).
+        group_size: Episodes per task (1: Turn-PPO prefers more distinct tasks to more samples per task).
+        whiten_advantages: Normalise advantages over the batch's turns.
+        ppo: Clipped-update settings.
+    """
+
+    needs_critic = True
+
+    def __init__(self, gamma: float = 0.99, lam: float = 0.9, group_size: int = 1, whiten_advantages: bool = True,
+                 ppo: PPOSettings | None = None) -> None:
+        super().__init__(ppo)
+        if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+            raise ValueError(f"algorithm.gamma and algorithm.lam must be in [0, 1], got {gamma}, {lam}")
+        _check_group(group_size, "group_size")
+        self.gamma, self.lam = gamma, lam
+        self.group_size = group_size
+        self.whiten_advantages = whiten_advantages
+
+    @property
+    def episodes_per_task(self) -> int:
+        return self.group_size
+
+    def targets(self, module: AgentRLModule, ok: list[Trajectory]) -> tuple[dict[tuple[int, int], TurnTargets],
+                                                                           dict[str, float]]:
+        """Advantages and returns from the critic's values *before* any update of this step."""
+        keys = {(b, t.index): True for b, traj in enumerate(ok) for t in traj.turns}
+        values = module.values(ok, keys)
+        B, T = len(ok), max(t.num_turns for t in ok)
+        rewards, v, mask = torch.zeros(B, T), torch.zeros(B, T), torch.zeros(B, T, dtype=torch.bool)
+        for b, traj in enumerate(ok):
+            for n, r in enumerate(traj.turn_rewards()):
+                rewards[b, n], v[b, n], mask[b, n] = r, values[(b, n)][0], True
+        adv, ret = turn_gae(rewards, v, mask, gamma=self.gamma, lam=self.lam)
+        if self.whiten_advantages and int(mask.sum()) > 1:
+            adv = whiten(adv, mask)
+        targets = {(b, n): TurnTargets(float(adv[b, n]), float(ret[b, n]), float(v[b, n]))
+                   for b, traj in enumerate(ok) for n in range(traj.num_turns)}
+        return targets, {"train/explained_variance": float(explained_variance(v, ret, mask)),
+                         "train/value_mean": float(v[mask].mean())}
+
+    def step(self, module: AgentRLModule, tasks: list[Task]) -> dict[str, float]:
+        trajs = module.collect(module.collector.collect_groups(tasks, self.group_size, step=module.rl_step))
+        ok = [t for t in trajs if not t.failed]
+        metrics = rollout_metrics(trajs)
+        if ok:
+            targets, stats = self.targets(module, ok)
+            metrics.update(stats)
+            metrics.update(module.update(ok, targets, self.ppo))
+        module.push_weights()
+        return metrics
+
+
+class TokenPPO(Schedule):
+    """Token-level PPO: a value per response token, GAE over the episode's response tokens (observation tokens
+    masked), one packed sequence per episode.
+
+    Args:
+        gamma: Token discount (the Turn-PPO paper: token PPO needs γ = 1).
+        lam: Token GAE λ (likewise 1).
+        group_size: Episodes per task.
+        whiten_advantages: Normalise advantages over the batch's tokens.
+        ppo: Clipped-update settings (default aggregation: global token mean).
+    """
+
+    needs_critic = True
+
+    def __init__(self, gamma: float = 1.0, lam: float = 1.0, group_size: int = 1, whiten_advantages: bool = True,
+                 ppo: PPOSettings | None = None) -> None:
+        super().__init__(ppo or PPOSettings(aggregate=token_mean))
+        if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+            raise ValueError(f"algorithm.gamma and algorithm.lam must be in [0, 1], got {gamma}, {lam}")
+        _check_group(group_size, "group_size")
+        self.gamma, self.lam = gamma, lam
+        self.group_size = group_size
+        self.whiten_advantages = whiten_advantages
+
+    @property
+    def episodes_per_task(self) -> int:
+        return self.group_size
+
+    def targets(self, module: AgentRLModule, ok: list[Trajectory]) -> tuple[dict[tuple[int, int], TurnTargets],
+                                                                           dict[str, float]]:
+        keys = {(b, t.index): True for b, traj in enumerate(ok) for t in traj.turns}
+        values = module.values(ok, keys)
+        # each episode's response tokens in order: observation tokens are simply absent (masked)
+        lengths = [sum(len(t.response_ids) for t in traj.turns) for traj in ok]
+        B, L = len(ok), max(lengths)
+        rewards, v, mask = torch.zeros(B, L), torch.zeros(B, L), torch.zeros(B, L, dtype=torch.bool)
+        for b, traj in enumerate(ok):
+            pos = 0
+            for turn, r in zip(traj.turns, traj.turn_rewards(), strict=True):
+                n = len(turn.response_ids)
+                v[b, pos : pos + n] = torch.tensor(values[(b, turn.index)])
+                mask[b, pos : pos + n] = True
+                if n:
+                    rewards[b, pos + n - 1] = r
+                pos += n
+        adv, ret = token_gae(rewards, v, mask, gamma=self.gamma, lam=self.lam)
+        if self.whiten_advantages and int(mask.sum()) > 1:
+            adv = whiten(adv, mask)
+        targets = {}
+        for b, traj in enumerate(ok):
+            pos = 0
+            for turn in traj.turns:
+                s = slice(pos, pos + len(turn.response_ids))
+                targets[(b, turn.index)] = TurnTargets(adv[b, s].tolist(), ret[b, s].tolist(), v[b, s].tolist(),
+                                                       per_token_values=True)
+                pos = s.stop
+        return targets, {"train/explained_variance": float(explained_variance(v, ret, mask)),
+                         "train/value_mean": float(v[mask].mean())}
+
+    def step(self, module: AgentRLModule, tasks: list[Task]) -> dict[str, float]:
+        trajs = module.collect(module.collector.collect_groups(tasks, self.group_size, step=module.rl_step))
+        ok = [t for t in trajs if not t.failed and any(turn.response_ids for turn in t.turns)]
+        metrics = rollout_metrics(trajs)
+        if ok:
+            targets, stats = self.targets(module, ok)
+            metrics.update(stats)
+            metrics.update(module.update(ok, targets, self.ppo))
+        module.push_weights()
+        return metrics

@@ -1,0 +1,114 @@
+"""Typed settings shared by the trainer and the schedules (CONVENTIONS rule 6: config is typed dataclasses,
+validated in ``__post_init__`` with a message that names the field and the allowed range)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from agentrl.algorithms.losses import Aggregator, RatioFn, token_log_ratio, token_mean, turn_mean
+
+# Aggregations the trainer can split exactly over micro-batches: the unit each one averages over.
+AGGREGATION_UNITS: dict[Aggregator, str] = {turn_mean: "turn", token_mean: "token"}
+
+
+def _check(cond: bool, field: str, expected: str, value: object) -> None:
+    if not cond:
+        raise ValueError(f"{field} must be {expected}, got {value!r}")
+
+
+@dataclass
+class OptimSettings:
+    """AdamW for the policy and the critic.
+
+    Attributes:
+        lr: Policy learning rate.
+        critic_lr: Critic learning rate (Turn-PPO: 5–10× the policy's).
+        weight_decay: Decoupled weight decay of both optimizers.
+        beta1: Adam β1.
+        beta2: Adam β2.
+        max_grad_norm: Gradient-norm clip of the policy (0 disables).
+        critic_max_grad_norm: Gradient-norm clip of the critic (0 disables).
+        max_bad_updates: Stop with an error after this many non-finite updates in a row (each is skipped).
+    """
+
+    lr: float = 1e-6
+    critic_lr: float = 1e-5
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    max_grad_norm: float = 1.0
+    critic_max_grad_norm: float = 1.0
+    max_bad_updates: int = 3
+
+    def __post_init__(self) -> None:
+        _check(math.isfinite(self.lr) and self.lr > 0, "optim.lr", "a positive number", self.lr)
+        _check(math.isfinite(self.critic_lr) and self.critic_lr > 0, "optim.critic_lr", "a positive number",
+               self.critic_lr)
+        _check(self.weight_decay >= 0, "optim.weight_decay", ">= 0", self.weight_decay)
+        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1/beta2", "in [0, 1)", (self.beta1, self.beta2))
+        _check(self.max_grad_norm >= 0, "optim.max_grad_norm", ">= 0", self.max_grad_norm)
+        _check(self.critic_max_grad_norm >= 0, "optim.critic_max_grad_norm", ">= 0", self.critic_max_grad_norm)
+        _check(self.max_bad_updates >= 1, "optim.max_bad_updates", ">= 1", self.max_bad_updates)
+
+
+@dataclass
+class PPOSettings:
+    """The clipped-surrogate update.
+
+    Attributes:
+        clip_low: ε_low (ratio clipped below at 1 − ε_low).
+        clip_high: ε_high (ratio clipped above at 1 + ε_high; > ε_low is "clip-higher").
+        epochs: Passes over each rollout batch.
+        minibatch_size: Rows (packed sequences) per optimizer step; None takes the whole batch in one step.
+        log_ratio_clamp: Log-ratios are clamped to ± this before ``exp`` (RTPO: ±10).
+        entropy_coef: Entropy bonus coefficient (0 disables; entropy is still logged).
+        kl_coef: k3 KL penalty to the reference policy (needs LoRA: the frozen base is the reference).
+        value_clip: Value-loss clip range around the rollout-time value; None disables.
+        ratio: `agentrl.algorithms.token_log_ratio` (RTPO Eq. 5) or `agentrl.algorithms.turn_log_ratio`.
+        aggregate: `agentrl.algorithms.turn_mean` (RTPO Eq. 6) or `agentrl.algorithms.token_mean`.
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    epochs: int = 1
+    minibatch_size: int | None = None
+    log_ratio_clamp: float = 10.0
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0
+    value_clip: float | None = 0.2
+    ratio: RatioFn = token_log_ratio
+    aggregate: Aggregator = turn_mean
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.clip_low < 1, "ppo.clip_low", "in [0, 1)", self.clip_low)
+        _check(self.clip_high >= 0, "ppo.clip_high", ">= 0", self.clip_high)
+        _check(self.epochs >= 1, "ppo.epochs", ">= 1", self.epochs)
+        _check(self.minibatch_size is None or self.minibatch_size >= 1, "ppo.minibatch_size", ">= 1 or null",
+               self.minibatch_size)
+        _check(self.log_ratio_clamp > 0, "ppo.log_ratio_clamp", "> 0", self.log_ratio_clamp)
+        _check(self.entropy_coef >= 0, "ppo.entropy_coef", ">= 0", self.entropy_coef)
+        _check(self.kl_coef >= 0, "ppo.kl_coef", ">= 0", self.kl_coef)
+        _check(self.value_clip is None or self.value_clip > 0, "ppo.value_clip", "> 0 or null", self.value_clip)
+        _check(self.aggregate in AGGREGATION_UNITS, "ppo.aggregate",
+               "agentrl.algorithms.turn_mean or agentrl.algorithms.token_mean", self.aggregate)
+
+    @property
+    def units(self) -> str:
+        return AGGREGATION_UNITS[self.aggregate]
+
+
+@dataclass
+class CriticSettings:
+    """The turn-level critic.
+
+    Attributes:
+        shared_backbone: Put the value head on the policy's backbone instead of a copy of it.
+        vf_coef: Weight of the value loss in the joint backward pass.
+    """
+
+    shared_backbone: bool = False
+    vf_coef: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check(self.vf_coef > 0, "critic.vf_coef", "> 0", self.vf_coef)
