@@ -1,0 +1,80 @@
+"""Packing turns of a trajectory into one row gives exactly the per-turn log-probs, entropies and values."""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+from torch.testing import assert_close
+
+from agentrl.agents.base import Task
+from agentrl.agents.env_agent import EnvAgent
+from agentrl.envs import FrozenLakeEnv
+from agentrl.models.critic import TurnCritic
+from agentrl.models.policy import Policy
+from agentrl.rollout.collector import Collector
+from agentrl.rollout.engine import SamplingParams
+from agentrl.rollout.hf import HFEngine
+from agentrl.training.batching import TurnTargets, collate, micro_batches, pack_rows, token_counts
+
+
+def _trajectories(policy: Policy) -> list:  # type: ignore[type-arg]
+    col = Collector(HFEngine(policy), EnvAgent(FrozenLakeEnv(size=3, holes=0, max_turns=4)), policy.tokenizer,
+                    sampling=SamplingParams(max_tokens=6))
+    return asyncio.run(col.collect_groups([Task("a", 1), Task("b", 2)], 2, step=0))
+
+
+def _score(policy: Policy, critic: TurnCritic, rows: list) -> dict[int, tuple]:  # type: ignore[type-arg]
+    out = {}
+    batch = collate(rows, 0)
+    with torch.no_grad():
+        lp = policy.logprobs(batch, with_entropy=True)
+        values = critic(batch.input_ids, batch.attention_mask)
+    for i, row in enumerate(rows):
+        for tid, turn, _ in row.turns:
+            s = slice(len(turn.prompt_ids), turn.num_tokens)
+            out[tid] = (lp.logprobs[i, s], lp.entropy[i, s], values[i, s])  # type: ignore[index]
+    return out
+
+
+def test_packed_rows_equal_per_turn_rows(tiny_policy: Policy) -> None:
+    trajs = _trajectories(tiny_policy)
+    targets = {(b, t.index): TurnTargets(0.5, 1.0, 0.0) for b, tr in enumerate(trajs) for t in tr.turns}
+    packed = pack_rows(trajs, targets, pack=True)
+    single = pack_rows(trajs, targets, pack=False)
+    assert len(packed) == len(trajs) < len(single)  # full history: one row per episode
+    n_packed, n_single = token_counts(packed)
+    assert n_packed == sum(len(r.ids) for r in packed) and n_single == sum(len(r.ids) for r in single)
+    assert n_packed < n_single
+    critic = TurnCritic(tiny_policy)
+    a, b = _score(tiny_policy, critic, packed), _score(tiny_policy, critic, single)
+    for tid in a:
+        for x, y in zip(a[tid], b[tid], strict=True):
+            assert_close(x, y, atol=2e-5, rtol=1e-5)
+    # the engine's log-probs are the behaviour log-probs stored in the batch
+    batch = collate(packed, 0)
+    with torch.no_grad():
+        lp = tiny_policy.logprobs(batch).logprobs
+    assert (lp - batch.old_logprobs)[batch.response_mask].abs().max() <= 1e-4
+
+
+def test_only_targeted_turns_are_trained(tiny_policy: Policy) -> None:
+    trajs = _trajectories(tiny_policy)
+    traj = next(t for t in trajs if t.num_turns >= 3)
+    rows = pack_rows([traj], {(0, 1): TurnTargets(1.0)})
+    batch = collate(rows, 0)
+    turn = traj.turns[1]
+    expected = torch.zeros_like(batch.response_mask)
+    expected[0, len(turn.prompt_ids) : turn.num_tokens] = True
+    assert torch.equal(batch.response_mask, expected)
+    assert len(rows[0].ids) == turn.num_tokens  # the row ends with the last trained turn
+
+
+def test_micro_batches_respect_budget_and_keep_every_row(tiny_policy: Policy) -> None:
+    trajs = _trajectories(tiny_policy)
+    rows = pack_rows(trajs, {(b, t.index): TurnTargets(0.0) for b, tr in enumerate(trajs) for t in tr.turns},
+                     pack=False)
+    budget = 2 * max(len(r.ids) for r in rows)
+    micro = micro_batches(rows, budget)
+    assert sorted(id(r) for m in micro for r in m) == sorted(id(r) for r in rows)
+    assert all(len(m) * max(len(r.ids) for r in m) <= budget for m in micro)

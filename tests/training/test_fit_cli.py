@@ -1,0 +1,118 @@
+"""`agentrl fit` end to end through a subprocess, as a user runs it: every schedule, MLflow, checkpoints, resume,
+and clear errors for bad config."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
+SMOKE = ["grpo", "turn_ppo", "token_ppo", "rtpo"]
+
+
+def _fit(cwd: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "agentrl.cli", "fit", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def _metrics(db: Path, key: str) -> dict[int, float]:
+    with sqlite3.connect(db) as con:
+        rows = con.execute("SELECT step, value FROM metrics WHERE key = ? ORDER BY step", (key,)).fetchall()
+    return {int(s): float(v) for s, v in rows}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SMOKE)
+def test_smoke_config_trains_end_to_end(tmp_path: Path, name: str) -> None:
+    proc = _fit(tmp_path, "--config", str(ROOT / f"configs/smoke/{name}.yaml"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ckpt = tmp_path / "checkpoints/smoke/last.ckpt"
+    state = torch.load(ckpt, weights_only=True, map_location="cpu")
+    assert state["agentrl"]["rl_step"] == 3
+    from agentrl.models.policy import Policy
+
+    init = Policy("tiny-random", seed=0).model.state_dict()
+    trained = {k.removeprefix("policy.model."): v for k, v in state["state_dict"].items() if k.startswith("policy.model.")}
+    changed = [k for k, v in init.items() if not torch.equal(v, trained[k])]
+    assert changed, "the policy's parameters did not change"
+    db = tmp_path / "mlflow.db"
+    assert db.exists()
+    assert sorted(_metrics(db, "rollout/reward")) == [0, 1, 2]
+    for key in ("train/policy_loss", "train/approx_kl", "train/clipfrac", "train/entropy", "train/grad_norm",
+                "perf/generated_tokens", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/mfu"):
+        assert _metrics(db, key), key
+    if name in ("turn_ppo", "token_ppo"):
+        assert _metrics(db, "train/value_loss") and _metrics(db, "train/explained_variance")
+    with sqlite3.connect(db) as con:
+        params = dict(con.execute("SELECT key, value FROM params").fetchall())
+    assert params["data.batch_size"] == "4"
+
+
+@pytest.mark.slow
+def test_stop_and_resume_reproduce_the_uninterrupted_run(tmp_path: Path) -> None:
+    config = str(ROOT / "configs/smoke/turn_ppo.yaml")
+    steps = ["--data.steps", "6"]
+    full = tmp_path / "full"
+    full.mkdir()
+    assert _fit(full, "--config", config, *steps).returncode == 0
+
+    part = tmp_path / "part"
+    part.mkdir()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "fit", "--config", config, *steps], cwd=part,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # stop as soon as step 2 is reported: the run finishes its step, saves, exits
+        if "step 2:" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, out[-2000:]
+    stopped = torch.load(part / "checkpoints/smoke/last.ckpt", weights_only=True)["agentrl"]["rl_step"]
+    assert 2 <= stopped < 6
+    resumed = _fit(part, "--config", config, *steps, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Restored all states" in resumed.stdout + resumed.stderr
+    for key in ("rollout/reward", "train/policy_loss", "train/value_loss", "perf/generated_tokens"):
+        a, b = _metrics(full / "mlflow.db", key), _metrics(part / "mlflow.db", key)
+        assert sorted(a) == sorted(b) == list(range(6)), key
+        for step in a:
+            assert b[step] == pytest.approx(a[step], rel=1e-4, abs=1e-5), (key, step)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[str(c.relative_to(ROOT)) for c in CONFIGS])
+def test_every_shipped_config_parses(config: Path, tmp_path: Path) -> None:
+    proc = _fit(tmp_path, "--config", str(config), "--print_config", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "class_path" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["--model.optim.lr", "-0.001"], "optim.lr must be a positive number"),
+        (["--data.batch_sizee", "4"], "batch_sizee"),
+        (["--data.steps", "many"], "data.steps"),
+        (["--data.batch_size", "1", "--model.algorithm.init_args.group_size", "2",
+          "--model.algorithm.class_path", "agentrl.training.schedules.GRPO"], "smaller than one group"),
+    ],
+    ids=["negative-lr", "unknown-key", "wrong-type", "batch-smaller-than-group"],
+)
+def test_bad_config_stops_before_work_naming_the_key(tmp_path: Path, args: list[str], expected: str) -> None:
+    start = time.perf_counter()
+    proc = _fit(tmp_path, "--config", str(ROOT / "configs/smoke/turn_ppo.yaml"), *args, timeout=120)
+    assert proc.returncode != 0
+    assert expected in proc.stderr
+    assert "step 1:" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "checkpoints").exists()
+    assert time.perf_counter() - start < 60

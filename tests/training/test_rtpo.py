@@ -1,0 +1,112 @@
+"""RTPO on the real trainer with a tiny model: reverse order, fresh weights per depth, turn-k-only gradients,
+exact shared prefixes, and the sibling advantages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from agentrl.training.batching import TurnTargets, collate, pack_rows
+from agentrl.training.module import AgentRLModule
+from agentrl.training.rtpo import RTPO
+from agentrl.training.settings import PPOSettings
+from agentrl.types import Trajectory
+from tests.training.helpers import fit, letter_data, make_module
+
+
+class RecordingModule(AgentRLModule):
+    """The real module, keeping what each update was asked to train."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.updates: list[tuple[str, list[Trajectory], dict[tuple[int, int], TurnTargets], int]] = []
+
+    def update(self, trajectories: Any, targets: Any, ppo: PPOSettings, *, tag: str = "") -> dict[str, float]:
+        self.updates.append((tag, list(trajectories), dict(targets), self.policy_version))
+        return super().update(trajectories, targets, ppo, tag=tag)
+
+
+def _run(algo: RTPO, steps: int = 1) -> RecordingModule:
+    import lightning.pytorch as pl
+
+    pl.seed_everything(0, verbose=False)
+    from agentrl.models.policy import Policy
+
+    module = RecordingModule(Policy("tiny-random"), algo, peak_flops=1e11)
+    fit(module, letter_data(batch_size=3, steps=steps))
+    return module
+
+
+def test_rtpo_updates_in_reverse_turn_order_with_fresh_weights() -> None:
+    algo = RTPO(group_size=3, ppo=PPOSettings(epochs=1))
+    module = _run(algo, steps=2)
+    tags = [u[0] for u in module.updates]
+    assert tags == ["k2", "k1", "k0", "k2", "k1", "k0"]  # LetterAgent episodes have 3 turns
+    for tag, siblings, targets, version in module.updates:
+        k = int(tag[1:])
+        # every sampled turn of depth k (turn k and the continuation) used the weights current at depth k
+        assert {t.policy_version for s in siblings for t in s.turns[k:]} == {version}
+        assert all(t.forced for s in siblings for t in s.turns[:k])
+        assert set(targets) == {(b, k) for b in range(len(siblings))}
+    assert [v for _, _, _, v in module.updates] == sorted(v for _, _, _, v in module.updates)
+    assert module.policy_version == 2 * 3  # one push per depth
+
+
+def test_only_turn_k_tokens_have_loss_weight_and_prefixes_match_the_trunk() -> None:
+    module = _run(RTPO(group_size=3, ppo=PPOSettings(epochs=1)))
+    for tag, siblings, targets, _ in module.updates:
+        k = int(tag[1:])
+        batch = collate(pack_rows(siblings, targets), 0)
+        for b, sib in enumerate(siblings):
+            turn = sib.turns[k]
+            expected = torch.zeros(batch.input_ids.shape[1], dtype=torch.bool)
+            expected[len(turn.prompt_ids) : turn.num_tokens] = True
+            assert torch.equal(batch.response_mask[b], expected)
+        # siblings of one trunk share its exact prompt ids up to turn k (c_k) and its responses before k
+        by_group: dict[int, list[Trajectory]] = {}
+        for s in siblings:
+            by_group.setdefault(s.group, []).append(s)
+        for group in by_group.values():
+            assert len(group) == 2  # G − 1 siblings
+            first = group[0]
+            for other in group[1:]:
+                for i in range(k + 1):
+                    assert other.turns[i].prompt_ids == first.turns[i].prompt_ids
+                for i in range(k):
+                    assert other.turns[i].response_ids == first.turns[i].response_ids
+
+
+def test_sibling_advantages_sum_to_zero_per_pair_and_vanish_for_g2() -> None:
+    module = _run(RTPO(group_size=3, ppo=PPOSettings(epochs=1)))
+    for _, siblings, targets, _ in module.updates:
+        sums: dict[int, float] = {}
+        for (b, _), tgt in targets.items():
+            sums[siblings[b].group] = sums.get(siblings[b].group, 0.0) + float(tgt.advantage)  # type: ignore[arg-type]
+        assert all(abs(v) < 1e-9 for v in sums.values())
+    g2 = _run(RTPO(group_size=2, ppo=PPOSettings(epochs=1)))
+    assert all(float(t.advantage) == 0.0 for _, _, targets, _ in g2.updates for t in targets.values())  # type: ignore[arg-type]
+
+
+def test_off_policy_continuation_samples_up_front_with_is_weights() -> None:
+    module = _run(RTPO(group_size=3, off_policy_continuation=True, is_clamp=1.5, ppo=PPOSettings(epochs=1)))
+    versions = [v for _, _, _, v in module.updates]
+    sampled = {t.policy_version for _, sib, _, _ in module.updates for s in sib for t in s.turns if not t.forced}
+    assert sampled == {0}  # every depth's siblings come from the step's initial weights
+    assert versions == [0, 1, 2]
+    weights = [t.weight for _, _, targets, _ in module.updates for t in targets.values()]
+    assert all(1 / 1.5 - 1e-9 <= w <= 1.5 + 1e-9 for w in weights)
+    assert any(w != 1.0 for w in weights)  # downstream turns moved after the first update
+
+
+def test_rtpo_validation() -> None:
+    with pytest.raises(ValueError, match="group_size"):
+        RTPO(group_size=1)
+    with pytest.raises(ValueError, match="max_depth"):
+        RTPO(max_depth=0)
+
+
+def test_max_depth_caps_the_sweep() -> None:
+    module = _run(RTPO(group_size=3, max_depth=2, ppo=PPOSettings(epochs=1)))
+    assert [u[0] for u in module.updates] == ["k1", "k0"]
