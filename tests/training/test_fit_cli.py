@@ -56,6 +56,25 @@ def test_smoke_config_trains_end_to_end(tmp_path: Path, name: str) -> None:
     with sqlite3.connect(db) as con:
         params = dict(con.execute("SELECT key, value FROM params").fetchall())
     assert params["data.batch_size"] == "4"
+    _check_review_artifacts(tmp_path, db)
+
+
+def _check_review_artifacts(cwd: Path, db: Path) -> None:
+    """What a reviewer opens in the MLflow UI: config, traces (a span per turn), trajectory table, reward curve,
+    final model."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{db}")
+    (exp,) = [e for e in client.search_experiments() if e.name == "agentrl-smoke"]
+    (run,) = client.search_runs([exp.experiment_id])
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "trajectories.json", "reward_curve.png", "final_model"} <= names, names
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    traces = mlflow.search_traces(experiment_ids=[exp.experiment_id], run_id=run.info.run_id, return_type="list")
+    assert traces
+    spans = traces[0].data.spans
+    assert spans[0].name.startswith("episode") and any(s.name.startswith("turn ") for s in spans)
 
 
 @pytest.mark.slow

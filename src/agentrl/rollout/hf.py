@@ -18,9 +18,11 @@ steps proceed on the event loop meanwhile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +45,7 @@ class _Request:
     future: asyncio.Future[Completion]
     generator: torch.Generator
     stop: frozenset[int]
+    stop_when: Callable[[list[int]], bool] | None = None
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
     cached: int = 0
@@ -59,6 +62,8 @@ class EngineStats:
     cached_tokens: int = 0
     decode_steps: int = 0
     busy_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
 
 
 class HFEngine:
@@ -70,6 +75,9 @@ class HFEngine:
         prefix_cache_tokens: Token budget of the prefix KV store (0 disables prefix reuse).
         max_context: Context window; defaults to the model's ``max_position_embeddings``.
         seed: Seed of the generator used by requests without their own seed.
+        step_context: Context manager factory entered around every model step, in the worker thread (``agentrl
+            serve`` uses it to serialise two engines over one peft model and to switch the adapter off for
+            base-model requests).
     """
 
     def __init__(
@@ -80,6 +88,7 @@ class HFEngine:
         prefix_cache_tokens: int = 32768,
         max_context: int | None = None,
         seed: int = 0,
+        step_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -90,6 +99,7 @@ class HFEngine:
         self._num_layers = int(policy.backbone.config.num_hidden_layers)
         self._prefix = PrefixStore(prefix_cache_tokens)
         self._rng = torch.Generator().manual_seed(seed)
+        self._step_context = step_context
         self._waiting: deque[_Request] = deque()
         self._active: list[_Request] = []
         self._batch = BatchKV(self._num_layers)
@@ -122,8 +132,12 @@ class HFEngine:
         self._prefix.clear()
 
     async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None,
+        stop_when: Callable[[list[int]], bool] | None = None,
     ) -> Completion:
+        """See `RolloutEngine.generate`. ``stop_when`` (not part of the protocol) is called with the generated ids
+        after each sampled token, in the worker thread; True ends the completion with ``finish_reason="stop"``
+        (the HTTP server's stop strings)."""
         self._ensure_scheduler()
         assert self._loop is not None and self._wakeup is not None
         generator = torch.Generator()
@@ -133,7 +147,7 @@ class HFEngine:
             generator.manual_seed(int(sampling.seed))
         stop = frozenset(sampling.stop_token_ids if sampling.stop_token_ids is not None
                          else self.policy.stop_token_ids)
-        req = _Request(list(prompt_ids), sampling, session, self._loop.create_future(), generator, stop)
+        req = _Request(list(prompt_ids), sampling, session, self._loop.create_future(), generator, stop, stop_when)
         self.stats.requests += 1
         if len(req.prompt_ids) == 0:
             raise ValueError("generate: prompt_ids is empty")
@@ -198,6 +212,7 @@ class HFEngine:
 
     def _timed(self, fn: Any, *args: Any) -> None:
         start = time.perf_counter()
+        prefill = fn == self._prefill
         model = self.policy.model
         was_training = model.training
         model.eval()
@@ -206,7 +221,12 @@ class HFEngine:
                 fn(*args)
         finally:
             model.train(was_training)
-            self.stats.busy_seconds += time.perf_counter() - start
+            spent = time.perf_counter() - start
+            self.stats.busy_seconds += spent
+            if prefill:
+                self.stats.prefill_seconds += spent
+            else:
+                self.stats.decode_seconds += spent
 
     def _retire(self) -> None:
         """Complete finished requests, store their KV for prefix reuse, and shrink the batch."""
@@ -286,7 +306,7 @@ class HFEngine:
         req.out_ids.append(token)
         req.out_logprobs.append(float(logp[token]))
         self.stats.generated_tokens += 1
-        if token in req.stop:
+        if token in req.stop or (req.stop_when is not None and req.stop_when(req.out_ids)):
             req.finish = "stop"
         elif len(req.out_ids) >= sp.max_tokens or len(req.prompt_ids) + len(req.out_ids) >= self._max_context:
             req.finish = "length"

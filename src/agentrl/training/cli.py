@@ -20,6 +20,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
+from agentrl.tracking import TrajectoryLogger
 from agentrl.training.callbacks import GracefulStop, RLCheckpoint
 from agentrl.training.datamodule import RolloutDataModule
 from agentrl.training.module import AgentRLModule
@@ -58,6 +59,7 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 class AgentRLCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RLCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(TrajectoryLogger, "tracking")
         parser.set_defaults({
             "trainer.max_epochs": 1,
             "trainer.log_every_n_steps": 1,
