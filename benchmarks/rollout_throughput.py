@@ -137,8 +137,8 @@ def main() -> None:
     torch.manual_seed(0)
     policy = Policy("smollm2-135m-instruct")
     policy.model.eval()
-    results: dict[str, object] = {"machine": f"{platform.machine()}, {torch.get_num_threads()} threads, "
-                                              f"torch {torch.__version__}", "workload": vars(args) | {"out": str(args.out)}}
+    machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    results: dict[str, object] = {"machine": machine, "workload": vars(args) | {"out": str(args.out)}}
     print(f"workload: {args.episodes} episodes x {args.turns} turns, <= {args.max_tokens} new tokens per turn")
     naive = run_naive(policy, args.episodes, args.turns, args.max_tokens)
     print(f"naive model.generate loop : {naive['tokens']:6d} tokens in {naive['seconds']:7.1f} s = "

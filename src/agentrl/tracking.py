@@ -1,10 +1,11 @@
 """Review runs in MLflow: sample trajectories as traces and a table, the reward curve, the final model.
 
 `TrajectoryLogger` is a Lightning callback (on by default in ``agentrl fit``, configured under ``tracking:``). With
-an `MLFlowLogger` it records, at the first step and every ``every_n_steps`` steps, up to ``max_trajectories`` episodes of the step:
+an `MLFlowLogger` it records, at the first step and every ``every_n_steps`` steps, up to ``max_trajectories``
+episodes of the step:
 
-* as **MLflow traces** linked to the run: a root span per episode (task, reward, success, how it ended) with a
-  child span per turn (type LLM: the new messages, the reply, tokens, mean log-prob, policy version, reward,
+* as **MLflow traces** linked to the run: a root span per episode (task, reward, success, how it ended)
+  with a child span per turn (type LLM: the new messages, the reply, tokens, mean log-prob, policy version, reward,
   whether it was replayed) and a grandchild span per parsed tool call (type TOOL);
 * as rows of the ``trajectories.json`` table (step, task, reward, success, transcript), which the MLflow UI shows
   in its artifact view and can compare across runs.

@@ -124,7 +124,7 @@ def test_prefix_reuse_gives_same_tokens_and_logprobs(tiny_policy: Policy) -> Non
     assert a[0].cached_tokens == 0 and a[1].cached_tokens > 30 and a[2].cached_tokens > a[1].cached_tokens
     assert all(o.cached_tokens == 0 for o in b)
     # a prompt that diverges inside the stored prefix reuses the common part only
-    branched = system[:20] + [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+    branched = [*system[:20], 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
     out = asyncio.run(reuse.generate(branched, SamplingParams(max_tokens=2), session="other"))
     assert out.cached_tokens == 20
 

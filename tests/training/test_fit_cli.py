@@ -42,7 +42,8 @@ def test_smoke_config_trains_end_to_end(tmp_path: Path, name: str) -> None:
     from agentrl.models.policy import Policy
 
     init = Policy("tiny-random", seed=0).model.state_dict()
-    trained = {k.removeprefix("policy.model."): v for k, v in state["state_dict"].items() if k.startswith("policy.model.")}
+    trained = {k.removeprefix("policy.model."): v for k, v in state["state_dict"].items()
+               if k.startswith("policy.model.")}
     changed = [k for k, v in init.items() if not torch.equal(v, trained[k])]
     assert changed, "the policy's parameters did not change"
     db = tmp_path / "mlflow.db"

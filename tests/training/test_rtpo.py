@@ -13,7 +13,7 @@ from agentrl.training.module import AgentRLModule
 from agentrl.training.rtpo import RTPO
 from agentrl.training.settings import PPOSettings
 from agentrl.types import Trajectory
-from tests.training.helpers import fit, letter_data, make_module
+from tests.training.helpers import fit, letter_data
 
 
 class RecordingModule(AgentRLModule):

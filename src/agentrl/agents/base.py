@@ -59,6 +59,6 @@ class EpisodeTruncated(Exception):  # noqa: N818 - a control-flow signal, not an
     ends the episode as truncated, keeping its turns."""
 
 
-class ReplayMismatch(RuntimeError):
+class ReplayMismatchError(RuntimeError):
     """While replaying a trunk for RTPO branching, the agent produced a prompt that differs from the recorded
     one: the agent or its environment is not deterministic for a seed."""

@@ -57,13 +57,13 @@ class EnvAgent:
         exchanges: list[Message] = []
         if snapshots and llm.replay is not None and llm.replay.snapshot is not None:
             env_state, first, exchanges = llm.fast_forward()
-            env.restore(env_state)
+            env.restore(env_state)  # type: ignore[attr-defined]
         else:
             first = {"role": "user", "content": env.reset(task.seed)}
         info: dict[str, Any] = {"format_errors": 0}
         for _ in range(len(llm.turns), self.max_turns):
             if snapshots:
-                llm.record_snapshot((env.snapshot(), first, list(exchanges)))  # type: ignore[union-attr]
+                llm.record_snapshot((env.snapshot(), first, list(exchanges)))  # type: ignore[attr-defined]
             reply = await llm.chat(self._context(system, first, exchanges))
             result = env.step(reply.text)
             llm.reward(result.reward)

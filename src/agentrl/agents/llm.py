@@ -14,7 +14,7 @@ template does) the client puts the Hermes tool block into the system message its
 Replay (RTPO branching). With a `Replay`, calls before the branch turn k do not sample: the client checks that
 the agent produced exactly the recorded prompt ids and returns the recorded response (a *forced* turn). Call k
 checks the prompt against the trunk's c_k and samples fresh; later calls sample as usual (on-policy
-continuation). A different prompt raises `ReplayMismatch`: the agent or environment is not deterministic.
+continuation). A different prompt raises `ReplayMismatchError`: the agent or environment is not deterministic.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.agents.base import EpisodeTruncated, ReplayMismatch
+from agentrl.agents.base import EpisodeTruncated, ReplayMismatchError
 from agentrl.agents.tools import HermesToolParser, ToolCall, ToolParser
 from agentrl.rollout.engine import RolloutEngine, SamplingParams
 from agentrl.types import Turn
@@ -139,7 +139,7 @@ class LLMClient:
         if self.replay is not None and k <= self.replay.branch_turn:
             recorded = self.replay.turns[k]
             if prompt_ids != recorded.prompt_ids:
-                raise ReplayMismatch(
+                raise ReplayMismatchError(
                     f"replaying turn {k}: the agent rendered {len(prompt_ids)} prompt tokens that differ from the "
                     f"trunk's {len(recorded.prompt_ids)}; the agent or environment is not deterministic for a seed"
                 )

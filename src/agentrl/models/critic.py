@@ -54,7 +54,7 @@ class TurnCritic(nn.Module):
         with policy.autocast():
             out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                 use_cache=False)
-        return out.last_hidden_state  # type: ignore[no-any-return]
+        return out.last_hidden_state
 
     def values_from_hidden(self, hidden: Tensor) -> Tensor:
         """(N, L) values aligned to tokens: ``values[:, t] = head(hidden[:, t − 1])``, ``values[:, 0] = 0``."""

@@ -59,16 +59,16 @@ class LogProbs(NamedTuple):
     entropy: Tensor | None
 
 
-def unwrap(model: nn.Module) -> nn.Module:
+def unwrap(model: Any) -> Any:
     """The transformers model inside a peft wrapper (LoRA layers stay injected in its modules)."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
 
 
-def backbone_of(model: nn.Module) -> nn.Module:
+def backbone_of(model: Any) -> Any:
     """The decoder stack (without the LM head) of a causal LM, through a peft wrapper."""
     inner = unwrap(model)
-    return getattr(inner, inner.base_model_prefix)  # type: ignore[no-any-return]
+    return getattr(inner, inner.base_model_prefix)
 
 
 class Policy(nn.Module):
@@ -113,20 +113,20 @@ class Policy(nn.Module):
                 LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                            target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
             )
-        self.model = lm
+        self.model: Any = lm
         self.stop_token_ids = stop_token_ids(self.tokenizer)
 
     # ------------------------------------------------------------------ structure
 
     @property
-    def backbone(self) -> nn.Module:
+    def backbone(self) -> Any:
         return backbone_of(self.model)
 
     @property
-    def lm_head(self) -> nn.Module:
+    def lm_head(self) -> Any:
         head = unwrap(self.model).get_output_embeddings()
         assert head is not None
-        return head  # type: ignore[no-any-return]
+        return head
 
     @property
     def hidden_size(self) -> int:
@@ -165,7 +165,7 @@ class Policy(nn.Module):
         with self.autocast():
             out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                 use_cache=False)
-        return out.last_hidden_state  # type: ignore[no-any-return]
+        return out.last_hidden_state
 
     def logprobs_from_hidden(
         self, hidden: Tensor, input_ids: Tensor, positions: Tensor, *, temperature: float = 1.0,

@@ -33,7 +33,16 @@ log = logging.getLogger(__name__)
 
 
 class CollectionError(RuntimeError):
-    """Too many episodes of one collection failed."""
+    """Too many episodes of one collection failed.
+
+    Attributes:
+        trajectories: Every episode of the collection, finished and failed, so that a caller can keep (save,
+            log) the completed ones instead of losing them with the exception.
+    """
+
+    def __init__(self, message: str, trajectories: Sequence[Trajectory] = ()) -> None:
+        super().__init__(message)
+        self.trajectories = list(trajectories)
 
 
 @dataclass
@@ -153,7 +162,7 @@ class Collector:
 
         async def bounded(job: Any) -> Trajectory:
             async with gate:
-                return await job  # type: ignore[no-any-return]
+                return await job
 
         start = time.perf_counter()
         trajs = list(await asyncio.gather(*(bounded(j) for j in jobs)))
@@ -167,7 +176,8 @@ class Collector:
             examples = "; ".join(sorted({t.error or "?" for t in failed})[:3])
             raise CollectionError(
                 f"{len(failed)} of {len(trajs)} episodes failed (more than max_failed_fraction="
-                f"{self.max_failed_fraction}); first errors: {examples}"
+                f"{self.max_failed_fraction}); first errors: {examples}",
+                trajs,
             )
         for t in failed:
             log.warning("episode %s (seed %d) failed: %s", t.task_id, t.seed, t.error)

@@ -190,7 +190,7 @@ class HFEngine:
             if not self._waiting and not self._active:
                 self._wakeup.clear()
                 await self._wakeup.wait()
-            admitted = []
+            admitted: list[_Request] = []
             while self._waiting and len(self._active) + len(admitted) < self.max_batch_size:
                 req = self._waiting.popleft()
                 if not req.future.done():
@@ -211,6 +211,10 @@ class HFEngine:
                 self._active, self._batch = [], BatchKV(self._num_layers)
 
     def _timed(self, fn: Any, *args: Any) -> None:
+        with self._step_context() if self._step_context is not None else contextlib.nullcontext():
+            self._timed_step(fn, *args)
+
+    def _timed_step(self, fn: Any, *args: Any) -> None:
         start = time.perf_counter()
         prefill = fn == self._prefill
         model = self.policy.model
@@ -260,7 +264,7 @@ class HFEngine:
             out = self.policy.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                                        cache=cache, use_cache=True)
             logits = self.policy.lm_head(out.last_hidden_state[:, -1])
-        return logits.float()  # type: ignore[no-any-return]
+        return logits.float()
 
     def _prefill(self, requests: list[_Request]) -> None:
         """Prefill each new request (reusing a stored prefix when one matches), sample its first token, and
@@ -278,7 +282,8 @@ class HFEngine:
             self.stats.cached_tokens += cached
             prompt_kv: KV = cache_kv(cache)
             if req.session is not None:
-                self._prefix.put(f"{req.session}/prompt", req.prompt_ids, [(k.clone(), v.clone()) for k, v in prompt_kv])
+                stored = [(k.clone(), v.clone()) for k, v in prompt_kv]
+                self._prefix.put(f"{req.session}/prompt", req.prompt_ids, stored)
             self._batch.add(prompt_kv)
             self._sample(req, logits[0])
 

@@ -41,7 +41,9 @@ class GrowLayer(DynamicLayer):
     def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
         if not self.is_initialized:
             self.set(key_states[:, :, :0], value_states[:, :, :0])
-        n_old = self.keys.shape[-2]
+        keys, values = self.keys, self.values
+        assert keys is not None and values is not None
+        n_old = keys.shape[-2]
         n_new = n_old + key_states.shape[-2]
         buf = self._kbuf
         if buf is None or buf.shape[-2] < n_new or buf.shape[0] != key_states.shape[0]:
@@ -49,8 +51,8 @@ class GrowLayer(DynamicLayer):
             shape = (*key_states.shape[:2], cap, key_states.shape[-1])
             kbuf = key_states.new_empty(shape)
             vbuf = value_states.new_empty(shape)
-            kbuf[:, :, :n_old] = self.keys
-            vbuf[:, :, :n_old] = self.values
+            kbuf[:, :, :n_old] = keys
+            vbuf[:, :, :n_old] = values
             self._kbuf, self._vbuf = kbuf, vbuf
         assert self._kbuf is not None and self._vbuf is not None
         self._kbuf[:, :, n_old:n_new] = key_states
@@ -73,7 +75,12 @@ def make_cache(num_layers: int, kv: KV | None = None) -> DynamicCache:
 
 
 def cache_kv(cache: DynamicCache) -> KV:
-    return [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[union-attr]
+    out: KV = []
+    for layer in cache.layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        assert keys is not None and values is not None, "cache layer is empty"
+        out.append((keys, values))
+    return out
 
 
 class BatchKV:

@@ -111,7 +111,7 @@ class AgentRLModule(pl.LightningModule):
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         o = self.optim
-        opts = [torch.optim.AdamW(self.policy.trainable_parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
+        opts: list[torch.optim.Optimizer] = [torch.optim.AdamW(self.policy.trainable_parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
                                   weight_decay=o.weight_decay)]
         if self.critic is not None:
             opts.append(torch.optim.AdamW(self.critic.trainable_parameters(), lr=o.critic_lr,
@@ -166,9 +166,9 @@ class AgentRLModule(pl.LightningModule):
         if self.trainer.logger is not None and self.trainer.is_global_zero:
             self.trainer.logger.log_metrics(metrics, step=self.rl_step)
         if self.trainer.is_global_zero:
-            print(f"[agentrl] {label} evaluation on {len(trajs)} held-out episodes: success "
-                  f"{metrics.get('eval/success', float('nan')):.3f}, reward {metrics.get('eval/reward', float('nan')):.3f}",
-                  flush=True)
+            success, reward = metrics.get("eval/success", float("nan")), metrics.get("eval/reward", float("nan"))
+            print(f"[agentrl] {label} evaluation on {len(trajs)} held-out episodes: success {success:.3f}, "
+                  f"reward {reward:.3f}", flush=True)
         self.last_eval = metrics
         return metrics
 
@@ -421,4 +421,4 @@ def _clip(params: list[torch.nn.Parameter], max_norm: float) -> float:
         return 0.0
     if max_norm > 0:
         return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in grads])))  # type: ignore[arg-type]
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in grads])))

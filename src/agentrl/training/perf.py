@@ -28,12 +28,15 @@ def _params(module: Any) -> int:
 
 
 def train_flops(policy: Any, critic: Any, tokens: float, scored_tokens: float) -> float:
-    """FLOPs of forward + backward over ``tokens``: 6 per non-embedding backbone parameter per token, plus the
+    """FLOPs of forward + backward over ``tokens``: 6 per non-embedding backbone parameter per token (4 when the
+    weights are frozen under LoRA; the adapters themselves are negligible), plus the
     LM head, which the trainer applies only to ``scored_tokens``, plus the critic's separate backbone if any.
     Attention's sequence-quadratic term is left out (the usual 6N approximation; small at these lengths)."""
     backbone = _params(policy.backbone) - policy.backbone.get_input_embeddings().weight.numel()  # lookups: no FLOPs
     head = policy.lm_head.weight.numel()
-    flops = 6.0 * backbone * tokens + 6.0 * head * scored_tokens
+    # frozen weights (LoRA) need no weight gradient: forward 2 + input-gradient 2 FLOPs per parameter and token
+    per_param = 4.0 if getattr(policy, "uses_lora", False) else 6.0
+    flops = per_param * backbone * tokens + per_param * head * scored_tokens
     if critic is not None and critic.backbone is not None:
         flops += 6.0 * (_params(critic.backbone) - critic.backbone.get_input_embeddings().weight.numel()) * tokens
     return flops

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from agentrl.algorithms.advantages import grpo_advantages, token_gae, turn_gae, whiten
 from agentrl.agents.base import Task
+from agentrl.algorithms.advantages import grpo_advantages, token_gae, turn_gae, whiten
 from agentrl.algorithms.losses import explained_variance, token_mean
 from agentrl.training.batching import TurnTargets
 from agentrl.training.settings import PPOSettings
