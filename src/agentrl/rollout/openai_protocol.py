@@ -1,0 +1,294 @@
+"""Request and response models of the vLLM-compatible HTTP API of ``agentrl serve``.
+
+Field names, types and nesting follow vLLM's own pydantic models, read from the vLLM repository (main branch,
+2026): ``vllm/entrypoints/openai/completion/protocol.py`` (``CompletionRequest``, ``CompletionResponse``,
+``CompletionResponseChoice``, ``CompletionLogProbs``), ``vllm/entrypoints/openai/chat_completion/protocol.py``
+(``ChatCompletionRequest``, ``ChatCompletionResponse``, ``ChatMessage``, ``ChatCompletionLogProbs``),
+``vllm/entrypoints/generate/base/protocol.py`` (``ToolCall``, ``FunctionCall``),
+``vllm/entrypoints/serve/engine/protocol.py`` (``ErrorResponse``, ``ModelList``, ``UsageInfo``) and
+``vllm/entrypoints/serve/lora/protocol.py`` (``LoadLoRAAdapterRequest``). ``tests/rollout/vllm_protocol.py`` holds an
+independent copy of those models that the conformance tests validate against.
+
+Requests declare only the fields ``agentrl serve`` implements. Like vLLM, other fields are accepted and ignored,
+except those that would change the result and are not implemented (penalties, beam search, streaming, ...):
+`unsupported_fields` names them and the server answers 400 instead of silently returning something else.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+StopParam = str | list[str] | None
+
+# field -> values that mean "off"; any other value of these fields is refused with 400
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "stream": (False, None),
+    "echo": (False, None),
+    "use_beam_search": (False, None),
+    "best_of": (None, 1),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),
+    "min_p": (None, 0, 0.0),
+    "min_tokens": (None, 0),
+    "logit_bias": (None, {}),
+    "allowed_token_ids": (None,),
+    "bad_words": (None, []),
+    "prompt_logprobs": (None,),
+    "prompt_embeds": (None,),
+    "suffix": (None, ""),
+    "response_format": (None, {"type": "text"}),
+    "structured_outputs": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "logprob_token_ids": (None,),
+    "continue_final_message": (None, False),
+    "truncate_prompt_tokens": (None,),
+}
+
+
+def unsupported_fields(body: dict[str, Any]) -> list[str]:
+    """Names of request fields set to a value ``agentrl serve`` does not implement."""
+    return sorted(k for k, neutral in _NEUTRAL.items() if k in body and body[k] not in neutral)
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class SamplingFields(_Request):
+    """Sampling fields shared by completions and chat completions (vLLM names and defaults)."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=64)
+    seed: int | None = None
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    stop: StopParam = Field(default_factory=list)
+    stop_token_ids: list[int] | None = Field(default_factory=list)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+    session_id: str | None = None
+
+
+class CompletionRequest(SamplingFields):
+    """``POST /v1/completions``: a text prompt, a token-id prompt, or a list of either."""
+
+    prompt: list[int] | list[list[int]] | str | list[str]
+    max_tokens: int | None = 16
+    logprobs: int | None = Field(None, ge=0, le=20)
+    add_special_tokens: bool = True
+
+
+class FunctionDefinition(BaseModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ChatCompletionToolsParam(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class ChatCompletionNamedFunction(BaseModel):
+    name: str
+
+
+class ChatCompletionNamedToolChoiceParam(BaseModel):
+    function: ChatCompletionNamedFunction
+    type: Literal["function"] = "function"
+
+
+ToolChoice = Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam
+
+
+class ChatCompletionRequest(SamplingFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(0, ge=0, le=20)
+    tools: list[ChatCompletionToolsParam] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = True
+    add_generation_prompt: bool = True
+
+
+class LoadLoRAAdapterRequest(BaseModel):
+    """``POST /v1/load_lora_adapter``."""
+
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(BaseModel):
+    """``POST /v1/unload_lora_adapter``."""
+
+    lora_name: str
+    lora_int_id: int | None = None
+
+
+# ---------------------------------------------------------------------------------------------- responses
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class ModelPermission(BaseModel):
+    id: str = Field(default_factory=lambda: random_id("modelperm"))
+    object: str = "model_permission"
+    created: int = Field(default_factory=_now)
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: str = "model"
+    created: int = Field(default_factory=_now)
+    owned_by: str = "agentrl"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+    permission: list[ModelPermission] = Field(default_factory=lambda: [ModelPermission()])
+
+
+class ModelList(BaseModel):
+    object: str = "list"
+    data: list[ModelCard] = Field(default_factory=list)
+
+
+class PromptTokenUsageInfo(BaseModel):
+    cached_tokens: int | None = None
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+    completion_tokens: int | None = 0
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
+
+
+class CompletionLogProbs(BaseModel):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionResponseChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str = Field(default_factory=lambda: random_id("cmpl"))
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[CompletionResponseChoice]
+    system_fingerprint: str | None = None
+    usage: UsageInfo
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    id: str = Field(default_factory=lambda: random_id("chatcmpl-tool"))
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    role: str
+    content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _drop_empty_tool_calls(self, handler: Any) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not data.get("tool_calls"):
+            data.pop("tool_calls", None)  # as vLLM: no key when there are no calls
+        return data
+
+
+class ChatCompletionLogProb(BaseModel):
+    token: str
+    logprob: float = -9999.0
+    bytes: list[int] | None = None
+
+
+class ChatCompletionLogProbsContent(ChatCompletionLogProb):
+    top_logprobs: list[ChatCompletionLogProb] = Field(default_factory=list)
+
+
+class ChatCompletionLogProbs(BaseModel):
+    content: list[ChatCompletionLogProbsContent] | None = None
+
+
+class ChatCompletionResponseChoice(BaseModel):
+    index: int
+    message: ChatMessage
+    logprobs: ChatCompletionLogProbs | None = None
+    finish_reason: str | None = "stop"
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str = Field(default_factory=lambda: random_id("chatcmpl"))
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatCompletionResponseChoice]
+    system_fingerprint: str | None = None
+    usage: UsageInfo
+    prompt_token_ids: list[int] | None = None
+
+
+def error_body(message: str, err_type: str, code: int, param: str | None = None) -> dict[str, Any]:
+    """The vLLM/OpenAI error JSON: ``{"error": {"message", "type", "param", "code"}}``."""
+    return ErrorResponse(error=ErrorInfo(message=message, type=err_type, param=param, code=code)).model_dump()

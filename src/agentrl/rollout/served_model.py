@@ -1,0 +1,269 @@
+"""The model behind ``agentrl serve``: a `Policy`, embedded engines, and LoRA hot-loading.
+
+* **Two engines, one model.** With LoRA, the served model is peft-wrapped. Requests for the base model name run
+  on one `HFEngine` with the adapter switched off; requests for the loaded adapter's name run on a second engine
+  with it on. A lock serialises their model steps (they share the modules, and peft's adapter switch is global).
+* **One adapter resident.** vLLM holds many adapters (``--max-loras``); ``agentrl serve`` holds one. Loading
+  adapter B copies B's weights (``adapter_model.safetensors``, read with safetensors, never pickle) into the served
+  model's LoRA slots and makes B the only adapter name that resolves: requests naming the replaced adapter get 404.
+  A load waits for the requests in flight on the adapter to finish, holds new ones back while it copies, then
+  drops the adapter engine's prefix cache (its KV was computed with the old weights).
+* The adapter must match the served LoRA shape: same rank, alpha and target modules as ``--lora-rank``,
+  ``--lora-alpha``, ``--lora-target-modules``; a mismatch is a 400 that names the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentrl.models.policy import Policy, unwrap
+from agentrl.rollout.hf import HFEngine
+
+_SAVED_KEY = re.compile(r"^(.*\.lora_[AB])\.weight$")
+_ADAPTER = "default"  # the peft adapter slot of the served model
+
+
+class ServeError(Exception):
+    """An error with an HTTP status and an OpenAI error type (the server turns it into the error JSON)."""
+
+    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError",
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.status, self.err_type, self.param = message, status, err_type, param
+
+
+def not_found(model: str | None) -> ServeError:
+    return ServeError(f"The model `{model}` does not exist.", 404, "NotFoundError", "model")
+
+
+@dataclass
+class Resident:
+    """The adapter held in the served model's LoRA slots."""
+
+    name: str
+    path: str
+    loads: int  # how many adapters were loaded before it, plus one
+
+
+class _Gate:
+    """Requests on the adapter enter and leave freely; a load waits until none is in flight and holds new ones
+    back until it is done (an asyncio readers-writer lock)."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self._readers = 0
+        self._writing = False
+
+    @contextlib.asynccontextmanager
+    async def read(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._writing)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def write(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._writing)
+            self._writing = True
+            await self._cond.wait_for(lambda: self._readers == 0)
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
+class ServedModel:
+    """A policy served under ``name``, with an optional hot-loaded LoRA adapter.
+
+    Args:
+        policy: The policy (peft-wrapped when it has LoRA settings).
+        name: Served model name (``model`` field of requests for the base weights).
+        max_batch_size: Most sequences one engine decodes together.
+        prefix_cache_tokens: Token budget of each engine's prefix KV store.
+        max_context: Context window (default: the model's).
+    """
+
+    def __init__(self, policy: Policy, name: str, *, max_batch_size: int = 32, prefix_cache_tokens: int = 32768,
+                 max_context: int | None = None) -> None:
+        self.policy = policy.eval()  # never trained here; dropout (if any) stays off in scoring passes too
+        self.name = name
+        self._lock = threading.Lock()
+        kw: dict[str, Any] = {"max_batch_size": max_batch_size, "prefix_cache_tokens": prefix_cache_tokens,
+                              "max_context": max_context}
+        self.base = HFEngine(policy, step_context=self.base_step, **kw)
+        self.adapter_engine = HFEngine(policy, step_context=self.adapter_step, **kw) if policy.uses_lora else None
+        self.resident: Resident | None = None
+        self._loads = 0
+        self._gate = _Gate()
+
+    @property
+    def max_context(self) -> int:
+        return self.base.max_context
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.policy.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        model: Any = unwrap(self.policy.model)
+        return int(model.get_input_embeddings().num_embeddings)
+
+    # ------------------------------------------------------------------ model steps (worker threads)
+
+    @contextlib.contextmanager
+    def base_step(self) -> Iterator[None]:
+        """Serialise with the other engine; the adapter is off."""
+        with self._lock:
+            if self.policy.uses_lora:
+                with self.policy.model.disable_adapter():
+                    yield
+            else:
+                yield
+
+    @contextlib.contextmanager
+    def adapter_step(self) -> Iterator[None]:
+        with self._lock:
+            yield
+
+    # ------------------------------------------------------------------ routing
+
+    def check_model(self, model: str | None) -> None:
+        """404 for a name that is neither the base model nor the resident adapter (checked first, as vLLM does)."""
+        if model is not None and model != self.name and (self.resident is None or self.resident.name != model):
+            raise not_found(model)
+
+    @contextlib.asynccontextmanager
+    async def engine_for(self, model: str | None) -> AsyncIterator[tuple[HFEngine, bool]]:
+        """The engine serving ``model`` and whether it is the base; a load cannot swap the adapter meanwhile."""
+        if model is None or model == self.name:
+            yield self.base, True
+            return
+        if self.adapter_engine is None:
+            raise not_found(model)
+        async with self._gate.read():
+            if self.resident is None or self.resident.name != model:
+                raise not_found(model)
+            yield self.adapter_engine, False
+
+    # ------------------------------------------------------------------ LoRA hot-loading
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Copy the adapter saved in folder ``path`` into the served model and serve it as ``name``."""
+        if self.adapter_engine is None:
+            raise ServeError("agentrl serve was started without --lora-rank: it has no LoRA slots to load "
+                             "adapters into", 400, "InvalidUserInput")
+        if name == self.name:
+            raise ServeError(f"lora_name '{name}' is the base model's name", 400, "InvalidUserInput", "lora_name")
+        if self.resident is not None and self.resident.name == name:
+            raise ServeError(f"The lora adapter '{name}' has already been loaded.", 400, "InvalidUserInput")
+        tensors = await asyncio.to_thread(self._read_adapter, Path(path))
+        async with self._gate.write():
+            await asyncio.to_thread(self._copy_in, tensors)
+            self._loads += 1
+            await self.adapter_engine.update_weights(version=self._loads)  # drops KV of the old weights
+            self.resident = Resident(name, path, self._loads)
+
+    def unload_adapter(self, name: str) -> None:
+        if self.resident is None or self.resident.name != name:
+            raise ServeError(f"The lora adapter '{name}' cannot be found.", 404, "NotFoundError")
+        self.resident = None
+
+    def _read_adapter(self, folder: Path) -> dict[str, Tensor]:
+        """Check ``adapter_config.json`` against the served LoRA and read the weights into served names."""
+        config_file = folder / "adapter_config.json"
+        if not config_file.is_file():
+            raise ServeError(f"No adapter found at {folder} (no adapter_config.json)", 404, "NotFoundError")
+        config = json.loads(config_file.read_text())
+        self._check_config(config)
+        weights = folder / "adapter_model.safetensors"
+        if weights.is_file():
+            from safetensors.torch import load_file
+
+            saved = load_file(str(weights))
+        elif (folder / "adapter_model.bin").is_file():
+            saved = torch.load(folder / "adapter_model.bin", map_location="cpu", weights_only=True)
+        else:
+            raise ServeError(f"No adapter found at {folder} (no adapter_model.safetensors)", 404, "NotFoundError")
+        return self._map_names(saved)
+
+    def _check_config(self, config: dict[str, Any]) -> None:
+        lora = self.policy.lora
+        assert lora is not None
+        expected = {"peft_type": "LORA", "r": lora.r, "lora_alpha": lora.alpha}
+        for key, want in expected.items():
+            if config.get(key) != want:
+                raise ServeError(f"adapter {key} is {config.get(key)!r} but the served model's LoRA has {want!r} "
+                                 "(agentrl serve --lora-rank/--lora-alpha must match the trainer's policy.lora)")
+        if set(config.get("target_modules") or []) != set(lora.target_modules):
+            raise ServeError(f"adapter target_modules {sorted(config.get('target_modules') or [])} differ from the "
+                             f"served model's {sorted(lora.target_modules)} (--lora-target-modules)")
+        for flag in ("use_dora", "use_rslora"):
+            if config.get(flag):
+                raise ServeError(f"adapter uses {flag}, which agentrl serve does not support")
+
+    def _map_names(self, saved: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Saved peft names (``...q_proj.lora_A.weight``) to served ones (``...q_proj.lora_A.default.weight``);
+        every served LoRA weight must be given once, with its exact shape."""
+        params = {n: p for n, p in self.policy.model.named_parameters() if ".lora_" in n}
+        out: dict[str, Tensor] = {}
+        for key, tensor in saved.items():
+            match = _SAVED_KEY.match(key)
+            target = f"{match.group(1)}.{_ADAPTER}.weight" if match else key
+            if target not in params:
+                raise ServeError(f"adapter weight {key} has no place in the served model")
+            if tuple(tensor.shape) != tuple(params[target].shape):
+                raise ServeError(f"adapter weight {key} has shape {tuple(tensor.shape)}, the served model's "
+                                 f"{tuple(params[target].shape)}")
+            out[target] = tensor
+        missing = sorted(set(params) - set(out))
+        if missing:
+            raise ServeError(f"adapter lacks {len(missing)} LoRA weights of the served model, e.g. {missing[0]}")
+        return out
+
+    def _copy_in(self, tensors: dict[str, Tensor]) -> None:
+        params = dict(self.policy.model.named_parameters())
+        with self._lock, torch.no_grad():
+            for name, tensor in tensors.items():
+                params[name].copy_(tensor.to(params[name].dtype))
+
+    # ------------------------------------------------------------------ scoring (top log-probs)
+
+    async def top_logprobs(self, base: bool, prompt_ids: list[int], out_ids: list[int], temperature: float,
+                           k: int) -> list[list[tuple[int, float]]]:
+        """The ``k`` most likely tokens and their log-probs at each generated position (teacher-forced)."""
+        if k <= 0 or not out_ids:
+            return [[] for _ in out_ids]
+        return await asyncio.to_thread(self._score, base, prompt_ids, out_ids, temperature, k)
+
+    def _score(self, base: bool, prompt_ids: list[int], out_ids: list[int], temperature: float,
+               k: int) -> list[list[tuple[int, float]]]:
+        step = self.base_step if base else self.adapter_step
+        device = next(self.policy.model.parameters()).device
+        ids = torch.tensor([prompt_ids + out_ids[:-1]], device=device)
+        with step(), torch.inference_mode():
+            hidden = self.policy.hidden_states(ids, torch.ones_like(ids))[0, len(prompt_ids) - 1:]
+            with self.policy.autocast():
+                logits = self.policy.lm_head(hidden)
+        logp = torch.log_softmax(logits.float() / (temperature or 1.0), -1)
+        values, indices = logp.topk(min(k, logp.shape[-1]), -1)
+        return [list(zip(i.tolist(), v.tolist(), strict=True)) for i, v in zip(indices, values, strict=True)]

@@ -1,0 +1,364 @@
+"""`VLLMEngine`: the rollout engine as an HTTP client of vLLM's OpenAI-compatible server (or ``agentrl serve``).
+
+* **Token ids in and out.** ``generate`` posts the exact prompt ids to ``/v1/completions`` with
+  ``return_token_ids`` and ``logprobs: 0`` (vLLM then returns the sampled token's log-prob, and in
+  ``top_logprobs`` nothing else) and reads ``choices[0].token_ids`` and ``logprobs.token_logprobs``. A stop token is
+  the last of ``token_ids`` (vLLM keeps it in the ids; ``include_stop_str_in_output`` only decides whether its
+  text is in ``text``, which is not used). The response's ``prompt_token_ids`` must equal the ids sent.
+* **Stops.** ``SamplingParams.stop_token_ids=None`` keeps the server's EOS handling; a tuple is sent as
+  ``stop_token_ids`` with ``ignore_eos: true``, so the completion stops on exactly those ids, as `HFEngine` does
+  (vLLM still adds stop ids from the model's ``generation_config.json``, if it lists any).
+* **Log-probs.** vLLM's default ``--logprobs-mode raw_logprobs`` reports the model's distribution before
+  temperature; agentrl's convention (`agentrl.rollout.engine`) is after temperature. They agree at temperature 1
+  (the default); for another temperature start vLLM with ``--logprobs-mode processed_logprobs`` and keep top-k and
+  top-p off. ``agentrl serve`` always follows agentrl's convention.
+* **Servers.** Several base URLs can be given; each session (episode) is pinned to one server by a stable hash of
+  its id, so its turns hit the server that holds their prefix in cache. Every call has a timeout; connection
+  errors, timeouts and 5xx answers are retried with exponential backoff, then raise `EngineUnavailable` naming
+  the URL. 4xx answers raise `EngineRequestError` at once.
+* **Weight sync is a LoRA hot-load.** ``update_weights`` saves the policy's adapter to ``adapter_dir/agentrl-v<N>``
+  (``save_pretrained``: safetensors), posts ``/v1/load_lora_adapter`` to every server, routes later requests to
+  that name, unloads the previous adapter and deletes its folder. The folder must be readable by the servers
+  (same machine or a shared file system). vLLM needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, ``--enable-lora``,
+  ``--max-lora-rank`` >= the rank and ``--max-loras`` >= 2. Full-weight sync (no LoRA) is not implemented: it needs
+  vLLM's weight-transfer API (NCCL between trainer and server GPUs); see docs/vllm.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentrl.rollout.engine import Completion, RolloutEngine, SamplingParams
+from agentrl.types import FinishReason
+
+log = logging.getLogger(__name__)
+API_KEY_ENV = "AGENTRL_API_KEY"
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class EngineUnavailable(RuntimeError):  # noqa: N818 - named for what the user sees: the engine is unavailable
+    """A server did not answer (connection refused, timeout, 5xx) after every retry."""
+
+    def __init__(self, url: str, attempts: int, last_error: str) -> None:
+        super().__init__(f"rollout server {url} is unavailable after {attempts} attempt(s): {last_error}. Is it "
+                         "running and reachable? (model.engine.init_args.base_urls)")
+        self.url = url
+
+
+class EngineRequestError(RuntimeError):
+    """A server refused a request (4xx); the message carries the server's error."""
+
+    def __init__(self, url: str, status: int, message: str) -> None:
+        hint = " (set model.engine.init_args.api_key or AGENTRL_API_KEY)" if status == 401 else ""
+        super().__init__(f"rollout server {url} answered {status}: {message}{hint}")
+        self.url, self.status = url, status
+
+
+class EngineProtocolError(RuntimeError):
+    """A server's answer does not have the shape of vLLM's protocol (or contradicts the request)."""
+
+
+class FullWeightSyncUnsupported(NotImplementedError):  # noqa: N818 - reads as a statement of the limitation
+    """The policy has no LoRA adapter, and full-weight sync to a vLLM server is not implemented."""
+
+
+def completion_request(prompt_ids: Sequence[int], sampling: SamplingParams, model: str,
+                       max_tokens: int) -> dict[str, Any]:
+    """The ``/v1/completions`` body for one token-id prompt (fields of vLLM's ``CompletionRequest``)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": list(prompt_ids),
+        "max_tokens": max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+        "include_stop_str_in_output": True,
+    }
+    if sampling.top_k > 0:
+        body["top_k"] = sampling.top_k  # omitted otherwise: vLLM versions differ on 0 vs -1 for "off"
+    if sampling.seed is not None:
+        body["seed"] = sampling.seed
+    if sampling.stop_token_ids is not None:
+        body["stop_token_ids"] = list(sampling.stop_token_ids)
+        body["ignore_eos"] = True
+    return body
+
+
+def parse_completion(data: dict[str, Any], prompt_ids: Sequence[int], version: int) -> Completion:
+    """A `Completion` from a ``/v1/completions`` answer to `completion_request`."""
+    try:
+        choice = data["choices"][0]
+        token_ids = [int(t) for t in choice["token_ids"]]
+        logprobs = choice["logprobs"]["token_logprobs"]
+        reason = choice.get("finish_reason")
+    except (KeyError, IndexError, TypeError) as exc:
+        raise EngineProtocolError(f"completion answer lacks {exc}: is the server vLLM >= 0.10.2 (return_token_ids)?"
+                                  f" got keys {sorted(data)}") from exc
+    if len(logprobs) != len(token_ids) or any(lp is None for lp in logprobs):
+        raise EngineProtocolError(f"{len(token_ids)} token ids but log-probs {logprobs!r:.200}")
+    sent = choice.get("prompt_token_ids")
+    if sent is not None and list(sent) != list(prompt_ids):
+        raise EngineProtocolError("the server's prompt_token_ids differ from the ids sent (it re-tokenized or "
+                                  "added special tokens): token-in/token-out is broken")
+    usage = data.get("usage") or {}
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    finish = _FINISH.get(str(reason), "abort")
+    info = {} if reason in _FINISH else {"finish_reason": reason}
+    return Completion(token_ids, [float(x) for x in logprobs], finish, policy_version=version,
+                      prompt_len=len(prompt_ids), cached_tokens=int(cached), info=info)
+
+
+def _server_index(session: str, n: int) -> int:
+    return int.from_bytes(hashlib.blake2b(session.encode(), digest_size=8).digest(), "little") % n
+
+
+class VLLMEngine:
+    """Rollouts from one or more vLLM-compatible servers; weights pushed as LoRA adapters.
+
+    Args:
+        base_urls: Server URLs (``http://host:port``, without ``/v1``).
+        adapter_dir: Folder for pushed adapters, readable by every server (required for ``update_weights``).
+        api_key: Bearer token of the servers (default: ``$AGENTRL_API_KEY``).
+        timeout: Seconds one HTTP call may take (a whole completion).
+        connect_timeout: Seconds to establish a connection.
+        retries: Extra attempts after a connection error, timeout or 5xx answer.
+        backoff: Seconds before the first retry; doubled at each further one.
+        max_context: Context window; default: ``max_model_len`` from ``/v1/models`` (smallest over servers).
+        model: Served base model name; default: the first model of ``/v1/models``.
+        unload_previous: Unload the previous adapter (and delete its folder) after a push.
+    """
+
+    def __init__(self, base_urls: Sequence[str], *, adapter_dir: str | None = None, api_key: str | None = None,
+                 timeout: float = 300.0, connect_timeout: float = 10.0, retries: int = 3, backoff: float = 0.5,
+                 max_context: int | None = None, model: str | None = None, unload_previous: bool = True) -> None:
+        if not base_urls:
+            raise ValueError("engine.base_urls must list at least one server URL")
+        self.base_urls = [u.rstrip("/") for u in base_urls]
+        self.adapter_dir = Path(adapter_dir).resolve() if adapter_dir else None
+        self.api_key = api_key or os.environ.get(API_KEY_ENV) or None
+        self.timeout = httpx.Timeout(timeout, connect=connect_timeout)
+        self.retries, self.backoff = retries, backoff
+        self.unload_previous = unload_previous
+        self._max_context = max_context
+        self._base_model = model
+        self._model: str | None = model
+        self._adapter: str | None = None
+        self._version = 0
+        self._round_robin = itertools.count()
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._warned_temperature = False
+        if logging.getLogger("httpx").level == logging.NOTSET:
+            logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per rollout request
+
+    # ------------------------------------------------------------------ protocol
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def max_context(self) -> int:
+        if self._max_context is None:  # a blocking look-up, once: the protocol's property is synchronous
+            with httpx.Client(timeout=self.timeout, headers=self._headers()) as client:
+                self._max_context = min(self._model_info(client.get(f"{u}/v1/models"), u)[1]
+                                        for u in self.base_urls)
+        return self._max_context
+
+    @property
+    def model(self) -> str | None:
+        """The model name requests are sent to: the base model, then the latest pushed adapter."""
+        return self._model
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
+                       session: str | None = None) -> Completion:
+        if not prompt_ids:
+            raise ValueError("generate: prompt_ids is empty")
+        await self._ensure_info()
+        assert self._max_context is not None and self._model is not None
+        version, model = self._version, self._model
+        room = self._max_context - len(prompt_ids)
+        if room <= 0:
+            return Completion([], [], "length", policy_version=version, prompt_len=len(prompt_ids))
+        if sampling.temperature not in (0.0, 1.0) and not self._warned_temperature:
+            self._warned_temperature = True
+            log.warning("temperature %s: vLLM's default --logprobs-mode raw_logprobs returns log-probs before "
+                        "temperature; start vLLM with --logprobs-mode processed_logprobs", sampling.temperature)
+        url = self._url_for(session)
+        body = completion_request(prompt_ids, sampling, model, min(sampling.max_tokens, room))
+        response = await self._call("POST", url, "/v1/completions", body)
+        return parse_completion(response.json(), prompt_ids, version)
+
+    async def update_weights(self, policy: Any, *, version: int | None = None) -> None:
+        """Save the policy's LoRA adapter and hot-load it on every server as ``agentrl-v<version>``."""
+        if not getattr(policy, "uses_lora", False):
+            raise FullWeightSyncUnsupported(
+                "VLLMEngine pushes weights as a LoRA adapter, and this policy has no LoRA (model.policy.init_args."
+                "lora). Full-weight sync to vLLM needs its weight-transfer API (NCCL between trainer and server "
+                "GPUs), which agentrl does not implement: train with LoRA, or use the embedded engine.")
+        if self.adapter_dir is None:
+            raise ValueError("VLLMEngine.update_weights needs adapter_dir (model.engine.init_args.adapter_dir): a "
+                             "folder the servers can read")
+        await self._ensure_info()
+        new_version = self._version + 1 if version is None else int(version)
+        name = f"agentrl-v{new_version}"
+        path = self.adapter_dir / name
+        await asyncio.to_thread(_save_adapter, policy, path)
+        await asyncio.gather(*(self._load(url, name, path) for url in self.base_urls))
+        previous = self._adapter
+        self._model, self._adapter, self._version = name, name, new_version
+        if self.unload_previous and previous is not None and previous != name:
+            await asyncio.gather(*(self._unload(url, previous) for url in self.base_urls))
+            shutil.rmtree(self.adapter_dir / previous, ignore_errors=True)
+
+    async def shutdown(self) -> None:
+        """Close the HTTP connections."""
+        if self._client is not None and self._client_loop is asyncio.get_running_loop():
+            await self._client.aclose()
+        self._client = self._client_loop = None
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def _http(self) -> httpx.AsyncClient:
+        """One client per event loop (an AsyncClient's connections belong to the loop that opened them)."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+            self._client = httpx.AsyncClient(timeout=self.timeout, headers=self._headers(), limits=limits)
+            self._client_loop = loop
+        return self._client
+
+    def _url_for(self, session: str | None) -> str:
+        n = len(self.base_urls)
+        i = next(self._round_robin) % n if session is None else _server_index(session, n)
+        return self.base_urls[i]
+
+    async def _call(self, method: str, url: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        """One request with retries on connection errors, timeouts and 5xx; 4xx raise at once."""
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                response = await self._http().request(method, url + path, json=body)
+            except httpx.TransportError as exc:
+                last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                continue
+            if response.status_code >= 500:
+                last = f"HTTP {response.status_code}: {response.text[:300]}"
+                continue
+            if response.status_code >= 400:
+                raise EngineRequestError(url, response.status_code, _error_message(response))
+            return response
+        raise EngineUnavailable(url, self.retries + 1, last)
+
+    async def _ensure_info(self) -> None:
+        if self._max_context is not None and self._model is not None:
+            return
+        infos = [self._model_info(await self._call("GET", u, "/v1/models"), u) for u in self.base_urls]
+        if self._base_model is None:
+            self._base_model = infos[0][0]
+        if self._model is None:
+            self._model = self._base_model
+        if self._max_context is None:
+            self._max_context = min(ctx for _, ctx in infos)
+
+    @staticmethod
+    def _model_info(response: httpx.Response, url: str) -> tuple[str, int]:
+        if response.status_code != 200:
+            raise EngineRequestError(url, response.status_code, _error_message(response))
+        cards = response.json().get("data") or []
+        lengths = [c["max_model_len"] for c in cards if c.get("max_model_len")]
+        if not cards or not lengths:
+            raise EngineProtocolError(f"{url}/v1/models lists no model with max_model_len; set engine max_context")
+        return str(cards[0]["id"]), int(lengths[0])
+
+    async def _load(self, url: str, name: str, path: Path) -> None:
+        body = {"lora_name": name, "lora_path": str(path)}
+        try:
+            await self._call("POST", url, "/v1/load_lora_adapter", body)
+        except EngineRequestError as exc:
+            if exc.status != 400 or "already" not in str(exc):
+                raise
+            # same version pushed again (a resumed run, a restarted trainer): replace it
+            await self._unload(url, name)
+            await self._call("POST", url, "/v1/load_lora_adapter", body)
+        log.info("server %s serves adapter %s", url, name)
+
+    async def _unload(self, url: str, name: str) -> None:
+        try:
+            await self._call("POST", url, "/v1/unload_lora_adapter", {"lora_name": name})
+        except EngineRequestError as exc:
+            if exc.status != 404:  # already gone (agentrl serve replaces its one adapter on load)
+                raise
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        data = response.json()
+    except ValueError:
+        return response.text[:300]
+    err = data.get("error", data) if isinstance(data, dict) else data
+    return str(err.get("message", err) if isinstance(err, dict) else err)[:500]
+
+
+def _save_adapter(policy: Any, path: Path) -> None:
+    """Write the adapter to a temporary folder, then rename it into place (a server never reads half a file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.model.save_pretrained(str(tmp))
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+
+
+class VLLMEngineSpec:
+    """Config of the vLLM HTTP engine (``model.engine`` in YAML); see `VLLMEngine` for the arguments.
+
+    Args:
+        base_urls: Server URLs, e.g. ``[http://127.0.0.1:8000]``.
+        adapter_dir: Folder for pushed LoRA adapters, readable by every server.
+        api_key: Bearer token of the servers (default: ``$AGENTRL_API_KEY``; prefer the variable to the file).
+        timeout: Seconds one HTTP call may take.
+        retries: Extra attempts after a connection error, timeout or 5xx answer.
+        backoff: Seconds before the first retry (doubled each time).
+        max_context: Context window (default: from ``/v1/models``).
+        model: Served base model name (default: the first of ``/v1/models``).
+        unload_previous: Unload the previous adapter after each push.
+    """
+
+    def __init__(self, base_urls: list[str], adapter_dir: str = "adapters", api_key: str | None = None,
+                 timeout: float = 300.0, retries: int = 3, backoff: float = 0.5, max_context: int | None = None,
+                 model: str | None = None, unload_previous: bool = True) -> None:
+        if not base_urls or any(not u.startswith(("http://", "https://")) for u in base_urls):
+            raise ValueError(f"engine.base_urls must be http(s) URLs, got {base_urls!r}")
+        if timeout <= 0:
+            raise ValueError(f"engine.timeout must be > 0 seconds, got {timeout}")
+        if retries < 0:
+            raise ValueError(f"engine.retries must be >= 0, got {retries}")
+        if backoff < 0:
+            raise ValueError(f"engine.backoff must be >= 0, got {backoff}")
+        if max_context is not None and max_context < 2:
+            raise ValueError(f"engine.max_context must be >= 2, got {max_context}")
+        self.base_urls, self.adapter_dir, self.api_key = list(base_urls), adapter_dir, api_key
+        self.timeout, self.retries, self.backoff = timeout, retries, backoff
+        self.max_context, self.model, self.unload_previous = max_context, model, unload_previous
+
+    def build(self, policy: Any) -> RolloutEngine:
+        return VLLMEngine(self.base_urls, adapter_dir=self.adapter_dir, api_key=self.api_key, timeout=self.timeout,
+                          retries=self.retries, backoff=self.backoff, max_context=self.max_context,
+                          model=self.model, unload_previous=self.unload_previous)
