@@ -1,0 +1,141 @@
+"""A LangChain search agent over the shipped SearchQA corpus, fine-tuned with RTPO by agentrl.
+
+This is the whole user code of ``configs/langchain_search_rtpo.yaml``: two ``@tool`` functions (``search`` over
+the BM25 index of ``agentrl.envs.SearchIndex``, and ``answer``, which ends the run), an agent built with
+``langchain.agents.create_agent``, a reward (token F1 of the answer against the gold one, success = exact match),
+and the task source (the shipped questions). The agent knows nothing about RL: ``build(model)`` receives the
+chat model agentrl gives it, exactly as it would receive ``ChatOpenAI(...)`` in production.
+
+The corpus is about invented people, towns and companies, so the model cannot answer from memory: it has to
+search. Both tools are deterministic, which RTPO's replay branching needs (a sibling replays the trunk's first
+k turns and must see the same tool results).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from langchain.agents import create_agent
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolCall, ToolMessage
+from langchain_core.tools import tool
+
+from agentrl.agents.base import Task
+from agentrl.envs import SearchIndex
+from agentrl.envs.searchqa import f1_score, normalize_answer
+from agentrl_langchain import Score
+
+SYSTEM_PROMPT = (
+    "You answer questions about invented people, towns and companies. You cannot know the answers: call the "
+    "search tool first, then call the answer tool with the answer in a few words."
+)
+# The worked episode shown before every question; configs keep its question (q197) out of the task splits.
+DEMO_QUESTION, DEMO_QUERY, DEMO_ANSWER = "On which river is the town of Burby?", "Burby river", "Daendbenis"
+MAX_RESULT_CHARS = 600
+# Reward shaping: a small bonus for a well-formed search call, so that a 135 M model that rarely answers right
+# still gets a signal for using the tool at all.
+SEARCH_BONUS = 0.1
+
+
+@lru_cache(maxsize=1)
+def _index() -> SearchIndex:
+    return SearchIndex()
+
+
+@tool
+def search(query: str) -> str:
+    """Search the documents about invented people, towns and companies; returns the three best passages."""
+    hits = _index().search(query, k=3)
+    if not hits:
+        return f"No documents match {query!r}. Try other words."
+    text = "\n".join(f"[{i + 1}] {hit['title']}: {hit['text']}" for i, hit in enumerate(hits))
+    return text if len(text) <= MAX_RESULT_CHARS else text[: MAX_RESULT_CHARS - 3] + "..."
+
+
+@tool(return_direct=True)
+def answer(text: str) -> str:
+    """Give the final answer to the question, in a few words. Call it once, as your last step."""
+    return text
+
+
+@lru_cache(maxsize=1)
+def demonstration() -> tuple[BaseMessage, ...]:
+    """The worked episode: question, a search call, its real result, and the answer call (which ends an episode:
+    ``answer`` returns directly, so its result is never shown to the model)."""
+    result = search.invoke({"query": DEMO_QUERY})
+    return (
+        HumanMessage(DEMO_QUESTION),
+        AIMessage("", tool_calls=[ToolCall(name="search", args={"query": DEMO_QUERY}, id="demo_0")]),
+        ToolMessage(result, tool_call_id="demo_0", name="search"),
+        AIMessage("", tool_calls=[ToolCall(name="answer", args={"text": DEMO_ANSWER}, id="demo_1")]),
+    )
+
+
+def with_demonstration(task: Task) -> dict[str, Any]:
+    """The agent's input: the worked episode, then the task's question (``LangChainAgent(input_mapping=...)``)."""
+    return {"messages": [*demonstration(), HumanMessage(str(task.data["question"]))]}
+
+
+def build(model: BaseChatModel) -> Any:
+    """The agent, around whichever chat model it is given (agentrl's during training, any other in production)."""
+    return create_agent(model, tools=[search, answer], system_prompt=SYSTEM_PROMPT)
+
+
+def model_replies(result: dict[str, Any]) -> list[AIMessage]:
+    """The model's replies: the AI messages after the last human message (the demonstration is not the model's)."""
+    messages = result.get("messages", [])
+    start = max((i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=-1) + 1
+    return [m for m in messages[start:] if isinstance(m, AIMessage)]
+
+
+def final_answer(replies: list[AIMessage]) -> str | None:
+    """The argument of the last ``answer`` call, else the text of the last reply, else None."""
+    for message in reversed(replies):
+        for call in message.tool_calls:
+            if call["name"] == "answer" and isinstance(call["args"].get("text"), str):
+                return str(call["args"]["text"])
+    last = replies[-1] if replies else None
+    if last is not None and not last.tool_calls and isinstance(last.content, str) and last.content.strip():
+        return last.content
+    return None
+
+
+def reward(task: Task, result: dict[str, Any]) -> Score:
+    """Token F1 of the answer against ``task.data["answer"]`` (SQuAD), plus `SEARCH_BONUS` for a well-formed
+    search call; success is a normalised exact match."""
+    gold = str(task.data["answer"])
+    replies = model_replies(result)
+    searched = any(call["name"] == "search" and isinstance(call["args"].get("query"), str)
+                   for message in replies for call in message.tool_calls)
+    prediction = final_answer(replies)
+    f1 = f1_score(prediction, gold) if prediction is not None else 0.0
+    em = prediction is not None and normalize_answer(prediction) == normalize_answer(gold)
+    info = {"answer": None if prediction is None else prediction[:200], "gold": gold, "f1": f1, "searched": searched}
+    return Score(f1 + SEARCH_BONUS * searched, success=em, info=info)
+
+
+class SearchQATasks:
+    """The shipped SearchQA questions as tasks (``Task.data`` = the question row: question, answer, hops, id).
+
+    Args:
+        hops: Only questions with this many hops (1 or 2); 0 keeps all.
+        start: First question (after the hops filter) of this split.
+        stop: End of the split (exclusive); None runs to the last question. Tasks cycle within the split.
+    """
+
+    def __init__(self, hops: int = 0, start: int = 0, stop: int | None = None) -> None:
+        if hops not in (0, 1, 2):
+            raise ValueError(f"tasks.hops must be 0 (all), 1 or 2, got {hops}")
+        path = resources.files("agentrl.envs").joinpath("data", "searchqa_questions.jsonl")
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        self.rows = [row for row in rows if hops in (0, row["hops"])][start:stop]
+        if not self.rows:
+            raise ValueError(f"no SearchQA questions with hops={hops} in [{start}, {stop})")
+
+    def task(self, index: int) -> Task:
+        """Task ``index`` (cycling); the question's position is its seed."""
+        i = index % len(self.rows)
+        return Task(id=str(self.rows[i]["id"]), seed=i, data=dict(self.rows[i]))

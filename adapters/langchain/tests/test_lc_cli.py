@@ -1,0 +1,52 @@
+"""`agentrl fit` on the LangChain smoke config through a subprocess, as a user runs it: the YAML names the agent's
+``build`` and ``reward`` by dotted path, the run trains, checkpoints and logs to MLflow."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _fit(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    return subprocess.run([sys.executable, "-m", "agentrl.cli", "fit", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+@pytest.mark.slow
+def test_langchain_smoke_config_trains_end_to_end(tmp_path: Path) -> None:
+    proc = _fit(tmp_path, "--config", str(ROOT / "configs/smoke/langchain_rtpo.yaml"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = torch.load(tmp_path / "checkpoints/smoke/last.ckpt", weights_only=True, map_location="cpu")
+    assert state["agentrl"]["rl_step"] == 2
+    with sqlite3.connect(tmp_path / "mlflow.db") as con:
+        steps = [s for (s,) in con.execute("SELECT step FROM metrics WHERE key = 'rollout/reward' ORDER BY step")]
+        params = dict(con.execute("SELECT key, value FROM params").fetchall())
+    assert steps == [0, 1]
+    assert params["data.agent.class_path"] == "agentrl_langchain.LangChainAgent"
+
+
+def test_the_config_names_the_agent_by_dotted_path_and_a_bad_one_is_refused(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from agentrl.training.cli import fit_main
+
+    config = str(ROOT / "configs/langchain_search_rtpo.yaml")
+    with pytest.raises(SystemExit) as ok:
+        fit_main(["--config", config, "--print_config"])
+    assert ok.value.code in (0, None)
+    printed = capsys.readouterr().out
+    assert "build: agentrl_langchain_examples.search_agent.build" in printed
+    assert "input_mapping: agentrl_langchain_examples.search_agent.with_demonstration" in printed
+    with pytest.raises(SystemExit) as bad:
+        fit_main(["--config", config, "--data.agent.init_args.reward", "my_project.rewards.missing", "--print_config"])
+    assert bad.value.code == 2
+    err = capsys.readouterr().err
+    assert 'Parser key "reward"' in err and "No module named 'my_project'" in err

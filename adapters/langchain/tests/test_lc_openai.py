@@ -1,0 +1,108 @@
+"""The same agent for inference through LangChain's ``ChatOpenAI`` against ``agentrl serve`` (a real subprocess on
+127.0.0.1), and train/serve parity: the server renders a LangChain conversation with tools to the same prompt ids
+as the trainer's `AgentRLChatModel`."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from agentrl_langchain_examples.search_agent import (
+    SYSTEM_PROMPT,
+    SearchQATasks,
+    answer,
+    build,
+    reward,
+    search,
+    with_demonstration,
+)
+from langchain_core.messages import AIMessage, SystemMessage, convert_to_openai_messages
+from langchain_core.utils.function_calling import convert_to_openai_tool
+
+from agentrl.agents.base import Task
+from agentrl.agents.llm import LLMClient
+from agentrl.models.policy import Policy
+from agentrl.rollout.engine import SamplingParams
+from agentrl.rollout.hf import HFEngine
+from agentrl_langchain import AgentRLChatModel
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("agentrl.rollout.server") is None,
+                                reason="agentrl serve (agentrl.rollout.server) is not available")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server_url() -> Iterator[str]:
+    port = _free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    env.pop("AGENTRL_API_KEY", None)
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve", "--model", "tiny-random", "--port",
+                             str(port), "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+                raise RuntimeError(f"agentrl serve exited with {proc.returncode}: {out[-3000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("agentrl serve did not become healthy in 120 s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_the_agent_runs_on_chat_openai(server_url: str) -> None:
+    from langchain_openai import ChatOpenAI
+
+    model = ChatOpenAI(base_url=f"{server_url}/v1", api_key="unused", model="tiny-random", max_tokens=16,
+                       temperature=1.0)
+    task = SearchQATasks(hops=1).task(0)
+    result = build(model).invoke(with_demonstration(task))
+    final = result["messages"][-1]
+    assert isinstance(final, AIMessage) and final.usage_metadata is not None
+    assert final.usage_metadata["output_tokens"] <= 16
+    assert reward(task, result).reward >= 0.0
+
+
+def test_server_and_trainer_render_a_tool_conversation_identically(server_url: str, tiny_policy: Policy) -> None:
+    task = Task("t", data={"question": "Who founded Wovferk Group?"})
+    conversation = [SystemMessage(SYSTEM_PROMPT), *with_demonstration(task)["messages"]]
+    tools = [search, answer]
+    body: dict[str, Any] = {"model": "tiny-random", "messages": convert_to_openai_messages(conversation),
+                            "tools": [convert_to_openai_tool(t) for t in tools], "max_tokens": 1,
+                            "return_token_ids": True}
+    served = httpx.post(f"{server_url}/v1/chat/completions", json=body, timeout=60)
+    assert served.status_code == 200, served.text
+    llm = LLMClient(HFEngine(tiny_policy), tiny_policy.tokenizer, SamplingParams(max_tokens=1))
+
+    async def trainer_side() -> None:
+        await AgentRLChatModel(client=llm).bind_tools(tools).ainvoke(conversation)
+
+    asyncio.run(trainer_side())
+    assert served.json()["prompt_token_ids"] == llm.turns[0].prompt_ids
