@@ -127,7 +127,19 @@ def _load_gguf(path: Path, dtype: torch.dtype, spec: str) -> LoadedModel:
             f"model '{spec}': could not load GGUF file {path}: {exc}. transformers de-quantises GGUF only for the "
             "architectures it supports (llama, mistral, qwen2, ...); convert other models to safetensors."
         ) from exc
+    _forget_gguf_quantization(model)
     return LoadedModel(model, tokenizer, spec)
+
+
+def _forget_gguf_quantization(model: Any) -> None:
+    """transformers de-quantises GGUF weights to floats at load time but keeps the model marked as quantized,
+    which blocks ``save_pretrained``; the weights are plain floats, so drop the marks (a trained model is then
+    saved as safetensors)."""
+    model.hf_quantizer = None
+    model.is_quantized = False
+    model.quantization_method = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
 
 
 def _load_pretrained(spec: str, dtype: torch.dtype) -> LoadedModel:

@@ -51,6 +51,8 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
             out.update(_flatten(v, f"{prefix}{k}."))
     elif isinstance(d, list):
         out[prefix[:-1]] = str(d)[:500]
+    elif callable(d) and hasattr(d, "__qualname__"):  # a function chosen in the config: log its import path
+        out[prefix[:-1]] = f"{d.__module__}.{d.__qualname__}"
     else:
         out[prefix[:-1]] = d
     return out

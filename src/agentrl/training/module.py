@@ -111,8 +111,8 @@ class AgentRLModule(pl.LightningModule):
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         o = self.optim
-        opts: list[torch.optim.Optimizer] = [torch.optim.AdamW(self.policy.trainable_parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
-                                  weight_decay=o.weight_decay)]
+        opts: list[torch.optim.Optimizer] = [torch.optim.AdamW(
+            self.policy.trainable_parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)]
         if self.critic is not None:
             opts.append(torch.optim.AdamW(self.critic.trainable_parameters(), lr=o.critic_lr,
                                           betas=(o.beta1, o.beta2), weight_decay=o.weight_decay))
