@@ -8,6 +8,7 @@ caches alive across steps, instead of tearing them down with an ``asyncio.run`` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -34,8 +35,12 @@ class RolloutRuntime:
         return future.result(timeout)
 
     def close(self) -> None:
+        """Cancel what still runs on the loop (engine schedulers, HTTP clients), then stop it."""
         if self._loop.is_closed():
             return
+        if self._thread.is_alive():
+            with contextlib.suppress(Exception):  # closing must not fail; the loop is discarded anyway
+                self.run(_cancel_pending(), timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
@@ -45,3 +50,10 @@ class RolloutRuntime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+async def _cancel_pending() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

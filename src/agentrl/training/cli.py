@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,9 @@ class AgentRLCLI(LightningCLI):
 def fit_main(argv: Sequence[str]) -> int:
     """Entry point of ``agentrl fit``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # tasks are plain data handed to training_step on purpose (rollouts happen inside it): not a mistake
+    warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device`")
+    warnings.filterwarnings("ignore", message=".*isinstance.treespec, LeafSpec.*")
     AgentRLCLI(
         AgentRLModule,
         RolloutDataModule,

@@ -32,6 +32,7 @@ from agentrl.models.policy import Policy
 from agentrl.rollout.collector import CollectStats
 from agentrl.rollout.engines import EngineSpec, HFEngineSpec
 from agentrl.rollout.runtime import RolloutRuntime
+from agentrl.training import distributed
 from agentrl.training.batching import Row, TurnTargets, collate, micro_batches, pack_rows, token_counts
 from agentrl.training.settings import CriticSettings, OptimSettings, PPOSettings
 from agentrl.types import Trajectory
@@ -101,6 +102,7 @@ class AgentRLModule(pl.LightningModule):
         self.temperature = 1.0
         self._bad_updates = 0
         self._runtime: RolloutRuntime | None = None
+        self._no_sync: Any = None
         self._engine: RolloutEngine | None = None
         self._collector: Collector | None = None
         self._step_stats: dict[str, float] = defaultdict(float)
@@ -135,6 +137,9 @@ class AgentRLModule(pl.LightningModule):
             self.evaluate("base")
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._no_sync is not None:
+            self._no_sync.__exit__(None, None, None)
+            self._no_sync = None
         dm = self.trainer.datamodule  # type: ignore[attr-defined]
         if dm.eval_every and self.rl_step % dm.eval_every == 0 and self.rl_step < dm.steps:
             self.evaluate(f"step {self.rl_step}")
@@ -158,7 +163,7 @@ class AgentRLModule(pl.LightningModule):
         from agentrl.training.schedules import rollout_metrics
 
         dm = self.trainer.datamodule  # type: ignore[attr-defined]
-        if not dm.eval_episodes or self._collector is None:
+        if not dm.eval_episodes or self._collector is None or not self.trainer.is_global_zero:
             return {}
         trajs = self.run_async(self.collector.collect_groups(dm.eval_task_list(), 1, step=-1))
         self.collector.reset_stats()
@@ -175,8 +180,9 @@ class AgentRLModule(pl.LightningModule):
     def on_fit_end(self) -> None:
         self.detach()
 
-    def on_exception(self, exception: BaseException) -> None:
-        self.detach()
+    def configure_callbacks(self) -> list[pl.Callback]:
+        # Lightning tells callbacks, not the module, about exceptions: stop the engine and loop through one
+        return [_DetachOnException()]
 
     def detach(self) -> None:
         if self._runtime is not None:
@@ -272,25 +278,26 @@ class AgentRLModule(pl.LightningModule):
         """PPO epochs × minibatches over the selected turns. Returns averaged ``train/*`` metrics."""
         rows = pack_rows(trajectories, targets, pack=self.pack_turns)
         rows = [r for r in rows if any(t.response_ids for _, t, _ in r.turns)]
-        if not rows:
+        # every rank must take the same number of optimizer steps (gradients are averaged at each one)
+        most_rows = distributed.sync_max(len(rows), self.device)
+        if most_rows == 0:
             return {"train/skipped_updates": 1.0}
         packed, unpacked = token_counts(rows)
         self._step_stats["packed_tokens"] += packed
         self._step_stats["unpacked_tokens"] += unpacked
         gen = torch.Generator().manual_seed(derive_seed(self.seed, self.rl_step, "minibatches", tag))
-        size = ppo.minibatch_size or len(rows)
+        size = ppo.minibatch_size or max(len(rows), 1)
+        n_minibatches = 1 if ppo.minibatch_size is None else -(-most_rows // size)
         totals: dict[str, float] = defaultdict(float)
-        steps = 0
         start = time.perf_counter()
         for _ in range(ppo.epochs):
             order = torch.randperm(len(rows), generator=gen).tolist()
-            for first in range(0, len(rows), size):
-                stats = self._minibatch_step([rows[i] for i in order[first : first + size]], ppo)
+            for m in range(n_minibatches):
+                stats = self._minibatch_step([rows[i] for i in order[m * size : (m + 1) * size]], ppo)
                 for k, v in stats.items():
                     totals[k] += v
-                steps += 1
         self._step_stats["train_seconds"] += time.perf_counter() - start
-        return {k: v / steps for k, v in totals.items()}
+        return {k: v / (ppo.epochs * n_minibatches) for k, v in totals.items()}
 
     def _units(self, rows: Sequence[Row], units: str) -> int:
         if units == "turn":
@@ -302,7 +309,7 @@ class AgentRLModule(pl.LightningModule):
         opts = opts if isinstance(opts, list) else [opts]
         for opt in opts:
             opt.zero_grad(set_to_none=True)
-        units = self._units(rows, ppo.units)
+        units = max(self._units(rows, ppo.units), 1)
         value_units = sum(len(t.response_ids) if tgt.per_token_values else 1
                           for r in rows for _, t, tgt in r.turns if tgt.returns is not None and t.response_ids)
         stats: dict[str, float] = defaultdict(float)
@@ -353,13 +360,16 @@ class AgentRLModule(pl.LightningModule):
     def _step_optimizers(self, opts: list[Any], stats: dict[str, float]) -> dict[str, float]:
         """Clip gradients, guard against non-finite updates, step the optimizers."""
         o = self.optim
+        distributed.average_gradients(self.policy.trainable_parameters())
         norm = _clip(self.policy.trainable_parameters(), o.max_grad_norm)
         stats["train/grad_norm"] = norm
         finite = math.isfinite(norm) and all(math.isfinite(v) for v in stats.values())
         if self.critic is not None:
+            distributed.average_gradients(self.critic.trainable_parameters())
             c_norm = _clip(self.critic.trainable_parameters(), o.critic_max_grad_norm)
             stats["train/critic_grad_norm"] = c_norm
             finite = finite and math.isfinite(c_norm)
+        finite = distributed.sync_all(finite, self.device)  # every rank skips, or none does
         if not finite:
             self._bad_updates += 1
             stats["train/skipped_updates"] = 1.0
@@ -381,10 +391,20 @@ class AgentRLModule(pl.LightningModule):
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         return batch  # a list of tasks: nothing to move; rollouts are made on the right device later
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # under DDP, backward passes only accumulate locally; `_step_optimizers` averages the gradients itself
+        # (ranks run different numbers of backward passes: see agentrl.training.distributed)
+        wrapper = self.trainer.model
+        no_sync = getattr(wrapper, "no_sync", None)
+        self._no_sync = no_sync() if callable(no_sync) and distributed.active() else None
+        if self._no_sync is not None:
+            self._no_sync.__enter__()
+
     def training_step(self, tasks: list[Task], batch_idx: int) -> None:
         start = time.perf_counter()
         self._step_stats = defaultdict(float)
         metrics = self.algorithm.step(self, list(tasks))
+        distributed.check_in_sync(self.policy.trainable_parameters(), self.device)
         self.rl_step += 1
         metrics.update(self._perf_metrics(time.perf_counter() - start))
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(tasks))
@@ -413,6 +433,15 @@ class AgentRLModule(pl.LightningModule):
         if s["episodes"] > 0:
             out["rollout/failed"] = s["failed"] / s["episodes"]
         return out
+
+
+class _DetachOnException(pl.Callback):
+    """Shut the rollout engine and loop down when fit fails."""
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        detach = getattr(pl_module, "detach", None)
+        if callable(detach):
+            detach()
 
 
 def _clip(params: list[torch.nn.Parameter], max_norm: float) -> float:

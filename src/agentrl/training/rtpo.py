@@ -33,6 +33,7 @@ import torch
 
 from agentrl.agents.base import Task
 from agentrl.algorithms.advantages import sibling_advantages
+from agentrl.training import distributed
 from agentrl.training.batching import TurnTargets, collate, micro_batches, pack_rows
 from agentrl.training.schedules import Schedule, rollout_metrics
 from agentrl.training.settings import PPOSettings
@@ -94,7 +95,7 @@ class RTPO(Schedule):
         trunks = module.collect(col.collect_trunks(tasks, step=step, per_task=self.trunks_per_task))
         metrics = rollout_metrics(trunks)
         ok = [t for t in trunks if not t.failed]
-        depth = max((t.num_turns for t in ok), default=0)
+        depth = distributed.sync_max(max((t.num_turns for t in ok), default=0), module.device)  # same on all ranks
         if self.max_depth is not None:
             depth = min(depth, self.max_depth)
         by_id = {t.id: t for t in tasks}
@@ -128,8 +129,8 @@ class RTPO(Schedule):
         """Sibling advantages and the PPO update of depth k: (per-depth statistics, ``train/*`` metrics)."""
         ok = [s for s in siblings if not s.failed and s.num_turns > k]
         stats: dict[str, float] = {"siblings": float(len(ok))}
-        if not ok:
-            return stats, {}
+        if not ok:  # still take part in the update: other ranks may have siblings at this depth
+            return stats, module.update([], {}, self.ppo, tag=f"k{k}")
         rewards = torch.tensor([s.total_reward for s in ok], dtype=torch.float64)
         groups = torch.tensor([s.group for s in ok])
         adv = sibling_advantages(rewards, groups)

@@ -97,12 +97,13 @@ class GRPO(Schedule):
         trajs = module.collect(module.collector.collect_groups(tasks, self.group_size, step=module.rl_step))
         ok = [t for t in trajs if not t.failed]
         metrics = rollout_metrics(trajs)
+        targets: dict[tuple[int, int], TurnTargets] = {}
         if ok:
             returns = torch.tensor([t.total_reward for t in ok], dtype=torch.float64)
             adv = grpo_advantages(returns, torch.tensor([t.group for t in ok]), eps=self.eps)
             targets = {(b, turn.index): TurnTargets(float(adv[b])) for b, t in enumerate(ok) for turn in t.turns}
             metrics["train/zero_advantage_frac"] = float((adv == 0).double().mean())
-            metrics.update(module.update(ok, targets, self.ppo))
+        metrics.update(module.update(ok, targets, self.ppo))  # every rank takes part, with or without data
         module.push_weights()
         return metrics
 
@@ -156,10 +157,11 @@ class TurnPPO(Schedule):
         trajs = module.collect(module.collector.collect_groups(tasks, self.group_size, step=module.rl_step))
         ok = [t for t in trajs if not t.failed]
         metrics = rollout_metrics(trajs)
+        targets: dict[tuple[int, int], TurnTargets] = {}
         if ok:
             targets, stats = self.targets(module, ok)
             metrics.update(stats)
-            metrics.update(module.update(ok, targets, self.ppo))
+        metrics.update(module.update(ok, targets, self.ppo))  # every rank takes part, with or without data
         module.push_weights()
         return metrics
 
@@ -227,9 +229,10 @@ class TokenPPO(Schedule):
         trajs = module.collect(module.collector.collect_groups(tasks, self.group_size, step=module.rl_step))
         ok = [t for t in trajs if not t.failed and any(turn.response_ids for turn in t.turns)]
         metrics = rollout_metrics(trajs)
+        targets: dict[tuple[int, int], TurnTargets] = {}
         if ok:
             targets, stats = self.targets(module, ok)
             metrics.update(stats)
-            metrics.update(module.update(ok, targets, self.ppo))
+        metrics.update(module.update(ok, targets, self.ppo))  # every rank takes part, with or without data
         module.push_weights()
         return metrics
