@@ -120,7 +120,7 @@ def profile_decode(policy: Policy) -> str:
 
     # the engine runs model steps in a worker thread; run them inline here so the profiler (which records the
     # calling thread) sees them — the work is identical, only the thread differs
-    import agentrl.rollout.hf as hf
+    from agentrl.rollout import hf
 
     async def inline(fn, *args):  # type: ignore[no-untyped-def]
         return fn(*args)

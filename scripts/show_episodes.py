@@ -24,9 +24,9 @@ from agentrl.rollout.hf import HFEngine
 ENVS = {
     "guess_number": lambda: GuessNumberEnv(low=1, high=10, max_turns=4, prompt_example=False),
     "frozenlake": lambda: FrozenLakeEnv(size=3, holes=1, max_turns=6),
-    "sokoban": lambda: SokobanEnv(),
-    "searchqa": lambda: SearchQAEnv(),
-    "shop": lambda: ShopEnv(),
+    "sokoban": SokobanEnv,
+    "searchqa": SearchQAEnv,
+    "shop": ShopEnv,
 }
 
 

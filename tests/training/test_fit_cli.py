@@ -136,3 +136,19 @@ def test_bad_config_stops_before_work_naming_the_key(tmp_path: Path, args: list[
     assert "step 1:" not in proc.stderr + proc.stdout
     assert not (tmp_path / "checkpoints").exists()
     assert time.perf_counter() - start < 60
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["turn_ppo", "rtpo"])
+def test_ddp_on_two_cpu_ranks(tmp_path: Path, name: str) -> None:
+    """Two ranks (gloo) collect different tasks, do different amounts of work, and stay in lockstep: the module
+    compares a weight checksum across ranks after every step and would stop the run if they diverged."""
+    proc = _fit(tmp_path, "--config", str(ROOT / f"configs/smoke/{name}.yaml"), "--trainer.strategy", "ddp",
+                "--trainer.devices", "2", "--data.steps", "3")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "GLOBAL_RANK: 1" in out
+    steps = [line for line in out.splitlines() if " step 3:" in line]
+    assert len(steps) == 2  # both ranks finished the third step
+    state = torch.load(tmp_path / "checkpoints/smoke/last.ckpt", weights_only=True)
+    assert state["agentrl"]["rl_step"] == 3
