@@ -72,7 +72,7 @@ def _check_review_artifacts(cwd: Path, db: Path) -> None:
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "trajectories.json", "reward_curve.png", "final_model"} <= names, names
     mlflow.set_tracking_uri(f"sqlite:///{db}")
-    traces = mlflow.search_traces(experiment_ids=[exp.experiment_id], run_id=run.info.run_id, return_type="list")
+    traces = mlflow.search_traces(locations=[exp.experiment_id], run_id=run.info.run_id, return_type="list")
     assert traces
     spans = traces[0].data.spans
     assert spans[0].name.startswith("episode") and any(s.name.startswith("turn ") for s in spans)

@@ -67,12 +67,47 @@ class Schedule:
         raise NotImplementedError
 
 
-def _check_group(group_size: int, name: str) -> None:
-    if group_size < 1:
-        raise ValueError(f"algorithm.{name} must be >= 1, got {group_size}")
+Targets = dict[tuple[int, int], TurnTargets]
 
 
-class GRPO(Schedule):
+class GroupSchedule(Schedule):
+    """One collection of ``group_size`` episodes per task, one PPO update on every turn, one weight push.
+
+    Subclasses say how turns are scored: `targets` returns the per-turn training targets and extra metrics.
+    """
+
+    def __init__(self, group_size: int, ppo: PPOSettings | None = None) -> None:
+        super().__init__(ppo)
+        if group_size < 1:
+            raise ValueError(f"algorithm.group_size must be >= 1, got {group_size}")
+        self.group_size = group_size
+
+    @property
+    def episodes_per_task(self) -> int:
+        return self.group_size
+
+    def targets(self, module: AgentRLModule, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
+        raise NotImplementedError
+
+    def step(self, module: AgentRLModule, tasks: list[Task]) -> dict[str, float]:
+        trajs = module.collect(module.collector.collect_groups(tasks, self.group_size, step=module.rl_step))
+        ok = [t for t in trajs if not t.failed and any(turn.response_ids for turn in t.turns)]
+        metrics = rollout_metrics(trajs)
+        targets: Targets = {}
+        if ok:
+            targets, stats = self.targets(module, ok)
+            metrics.update(stats)
+        metrics.update(module.update(ok, targets, self.ppo))  # every rank takes part, with or without data
+        module.push_weights()
+        return metrics
+
+
+def _check_discount(gamma: float, lam: float) -> None:
+    if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+        raise ValueError(f"algorithm.gamma and algorithm.lam must be in [0, 1], got {gamma}, {lam}")
+
+
+class GRPO(GroupSchedule):
     """Trajectory-level GRPO: ``A = (R − mean_group R) / (std_group R + eps)`` on every turn of the episode.
 
     Args:
@@ -82,33 +117,19 @@ class GRPO(Schedule):
     """
 
     def __init__(self, group_size: int = 8, eps: float = 1e-6, ppo: PPOSettings | None = None) -> None:
-        super().__init__(ppo)
-        _check_group(group_size, "group_size")
         if group_size < 2:
             raise ValueError("algorithm.group_size must be >= 2 for GRPO (a group of one has no baseline)")
-        self.group_size = group_size
+        super().__init__(group_size, ppo)
         self.eps = eps
 
-    @property
-    def episodes_per_task(self) -> int:
-        return self.group_size
-
-    def step(self, module: AgentRLModule, tasks: list[Task]) -> dict[str, float]:
-        trajs = module.collect(module.collector.collect_groups(tasks, self.group_size, step=module.rl_step))
-        ok = [t for t in trajs if not t.failed]
-        metrics = rollout_metrics(trajs)
-        targets: dict[tuple[int, int], TurnTargets] = {}
-        if ok:
-            returns = torch.tensor([t.total_reward for t in ok], dtype=torch.float64)
-            adv = grpo_advantages(returns, torch.tensor([t.group for t in ok]), eps=self.eps)
-            targets = {(b, turn.index): TurnTargets(float(adv[b])) for b, t in enumerate(ok) for turn in t.turns}
-            metrics["train/zero_advantage_frac"] = float((adv == 0).double().mean())
-        metrics.update(module.update(ok, targets, self.ppo))  # every rank takes part, with or without data
-        module.push_weights()
-        return metrics
+    def targets(self, module: AgentRLModule, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
+        returns = torch.tensor([t.total_reward for t in ok], dtype=torch.float64)
+        adv = grpo_advantages(returns, torch.tensor([t.group for t in ok]), eps=self.eps)
+        targets = {(b, turn.index): TurnTargets(float(adv[b])) for b, t in enumerate(ok) for turn in t.turns}
+        return targets, {"train/zero_advantage_frac": float((adv == 0).double().mean())}
 
 
-class TurnPPO(Schedule):
+class TurnPPO(GroupSchedule):
     """Turn-PPO: turn critic V(s_n) read at the last prompt token, GAE over turns, PPO on the turns' tokens.
 
     Args:
@@ -123,20 +144,12 @@ class TurnPPO(Schedule):
 
     def __init__(self, gamma: float = 0.99, lam: float = 0.9, group_size: int = 1, whiten_advantages: bool = True,
                  ppo: PPOSettings | None = None) -> None:
-        super().__init__(ppo)
-        if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
-            raise ValueError(f"algorithm.gamma and algorithm.lam must be in [0, 1], got {gamma}, {lam}")
-        _check_group(group_size, "group_size")
+        _check_discount(gamma, lam)
+        super().__init__(group_size, ppo)
         self.gamma, self.lam = gamma, lam
-        self.group_size = group_size
         self.whiten_advantages = whiten_advantages
 
-    @property
-    def episodes_per_task(self) -> int:
-        return self.group_size
-
-    def targets(self, module: AgentRLModule, ok: list[Trajectory]) -> tuple[dict[tuple[int, int], TurnTargets],
-                                                                           dict[str, float]]:
+    def targets(self, module: AgentRLModule, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
         """Advantages and returns from the critic's values *before* any update of this step."""
         keys = {(b, t.index): True for b, traj in enumerate(ok) for t in traj.turns}
         values = module.values(ok, keys)
@@ -153,20 +166,8 @@ class TurnPPO(Schedule):
         return targets, {"train/explained_variance": float(explained_variance(v, ret, mask)),
                          "train/value_mean": float(v[mask].mean())}
 
-    def step(self, module: AgentRLModule, tasks: list[Task]) -> dict[str, float]:
-        trajs = module.collect(module.collector.collect_groups(tasks, self.group_size, step=module.rl_step))
-        ok = [t for t in trajs if not t.failed]
-        metrics = rollout_metrics(trajs)
-        targets: dict[tuple[int, int], TurnTargets] = {}
-        if ok:
-            targets, stats = self.targets(module, ok)
-            metrics.update(stats)
-        metrics.update(module.update(ok, targets, self.ppo))  # every rank takes part, with or without data
-        module.push_weights()
-        return metrics
 
-
-class TokenPPO(Schedule):
+class TokenPPO(GroupSchedule):
     """Token-level PPO: a value per response token, GAE over the episode's response tokens (observation tokens
     masked), one packed sequence per episode.
 
@@ -182,20 +183,12 @@ class TokenPPO(Schedule):
 
     def __init__(self, gamma: float = 1.0, lam: float = 1.0, group_size: int = 1, whiten_advantages: bool = True,
                  ppo: PPOSettings | None = None) -> None:
-        super().__init__(ppo or PPOSettings(aggregate=token_mean))
-        if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
-            raise ValueError(f"algorithm.gamma and algorithm.lam must be in [0, 1], got {gamma}, {lam}")
-        _check_group(group_size, "group_size")
+        _check_discount(gamma, lam)
+        super().__init__(group_size, ppo or PPOSettings(aggregate=token_mean))
         self.gamma, self.lam = gamma, lam
-        self.group_size = group_size
         self.whiten_advantages = whiten_advantages
 
-    @property
-    def episodes_per_task(self) -> int:
-        return self.group_size
-
-    def targets(self, module: AgentRLModule, ok: list[Trajectory]) -> tuple[dict[tuple[int, int], TurnTargets],
-                                                                           dict[str, float]]:
+    def targets(self, module: AgentRLModule, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
         keys = {(b, t.index): True for b, traj in enumerate(ok) for t in traj.turns}
         values = module.values(ok, keys)
         # each episode's response tokens in order: observation tokens are simply absent (masked)
@@ -224,15 +217,3 @@ class TokenPPO(Schedule):
                 pos = s.stop
         return targets, {"train/explained_variance": float(explained_variance(v, ret, mask)),
                          "train/value_mean": float(v[mask].mean())}
-
-    def step(self, module: AgentRLModule, tasks: list[Task]) -> dict[str, float]:
-        trajs = module.collect(module.collector.collect_groups(tasks, self.group_size, step=module.rl_step))
-        ok = [t for t in trajs if not t.failed and any(turn.response_ids for turn in t.turns)]
-        metrics = rollout_metrics(trajs)
-        targets: dict[tuple[int, int], TurnTargets] = {}
-        if ok:
-            targets, stats = self.targets(module, ok)
-            metrics.update(stats)
-        metrics.update(module.update(ok, targets, self.ppo))  # every rank takes part, with or without data
-        module.push_weights()
-        return metrics
