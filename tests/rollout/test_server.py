@@ -138,6 +138,10 @@ def test_lora_adapters_load_route_and_unload(served: Server, tmp_path: Path) -> 
     # one resident adapter: loading srv-b replaced srv-a
     r = _post(served, "/v1/completions", {"model": "srv-a", "prompt": PROMPT})
     assert r.status_code == 404
+    # vLLM's sequence (load the new adapter, then unload the old one) succeeds once, then the name is unknown
+    assert _post(served, "/v1/unload_lora_adapter", {"lora_name": "srv-a"}).status_code == 200
+    assert _post(served, "/v1/unload_lora_adapter", {"lora_name": "srv-a"}).status_code == 404
+    assert _post(served, "/v1/completions", {"model": "srv-b", "prompt": PROMPT}).status_code == 200
     assert _post(served, "/v1/unload_lora_adapter", {"lora_name": "srv-b"}).status_code == 200
     assert _post(served, "/v1/completions", {"model": "srv-b", "prompt": PROMPT}).status_code == 404
 

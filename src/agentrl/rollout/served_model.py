@@ -112,6 +112,7 @@ class ServedModel:
         self.base = HFEngine(policy, step_context=self.base_step, **kw)
         self.adapter_engine = HFEngine(policy, step_context=self.adapter_step, **kw) if policy.uses_lora else None
         self.resident: Resident | None = None
+        self.replaced: str | None = None  # the adapter the last load replaced: already unloaded
         self._loads = 0
         self._gate = _Gate()
 
@@ -181,9 +182,15 @@ class ServedModel:
             await asyncio.to_thread(self._copy_in, tensors)
             self._loads += 1
             await self.adapter_engine.update_weights(version=self._loads)  # drops KV of the old weights
+            self.replaced = self.resident.name if self.resident is not None else None
             self.resident = Resident(name, path, self._loads)
 
     def unload_adapter(self, name: str) -> None:
+        """Unload ``name``. The adapter that the last load replaced counts as loaded until then, so the vLLM
+        sequence "load the new adapter, then unload the old one" succeeds; any other name is a 404."""
+        if self.replaced == name:
+            self.replaced = None
+            return
         if self.resident is None or self.resident.name != name:
             raise ServeError(f"The lora adapter '{name}' cannot be found.", 404, "NotFoundError")
         self.resident = None

@@ -304,7 +304,7 @@ class VLLMEngine:
         try:
             await self._call("POST", url, "/v1/unload_lora_adapter", {"lora_name": name})
         except EngineRequestError as exc:
-            if exc.status != 404:  # already gone (agentrl serve replaces its one adapter on load)
+            if exc.status != 404:  # already gone (e.g. a server restarted since the load)
                 raise
 
 
