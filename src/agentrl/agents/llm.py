@@ -19,6 +19,7 @@ continuation). A different prompt raises `ReplayMismatchError`: the agent or env
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import hashlib
 from dataclasses import dataclass, field
@@ -127,11 +128,17 @@ class LLMClient:
     snapshots: dict[int, Any] = field(default_factory=dict)
     prefix_breaks: int = 0
     _prev: _Previous | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     # ------------------------------------------------------------------ public API
 
     async def chat(self, messages: list[Message], *, tools: list[dict[str, Any]] | None = None) -> AssistantReply:
-        """Render ``messages`` (and ``tools``), generate, record the turn, and parse the reply."""
+        """Render ``messages`` (and ``tools``), generate, record the turn, and parse the reply. Concurrent calls
+        of one episode run one at a time, each its own turn (index, seed and prefix are read before generating)."""
+        async with self._lock:
+            return await self._chat(messages, tools)
+
+    async def _chat(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> AssistantReply:
         k = len(self.turns)
         if self.max_turns is not None and k >= self.max_turns:
             raise EpisodeTruncated(f"turn limit of {self.max_turns} LLM calls reached")

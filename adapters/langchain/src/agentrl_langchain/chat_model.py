@@ -56,7 +56,6 @@ class AgentRLChatModel(BaseChatModel):
     loop: asyncio.AbstractEventLoop | None = Field(default=None, exclude=True, repr=False)
     model_name: str = "agentrl"
     cache: BaseCache | bool | None = False  # a cache hit would skip the client: no turn, no tokens, no log-probs
-    _lock: asyncio.Lock | None = None
 
     @field_validator("client")
     @classmethod
@@ -164,10 +163,7 @@ class AgentRLChatModel(BaseChatModel):
         if kwargs.get("tool_choice") == "none":
             tools = None
         chat = to_chat(messages, native_tools=template_renders_tools(self.client.tokenizer))
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            reply = await self.client.chat(chat, tools=tools)
+        reply = await self.client.chat(chat, tools=tools)  # the client serialises concurrent calls
         message = to_ai_message(reply, model_name=self.model_name)
         return ChatResult(generations=[ChatGeneration(message=message)],
                           llm_output={"model_name": self.model_name, "token_usage": message.usage_metadata})
