@@ -156,9 +156,7 @@ class TrajectoryLogger(pl.Callback):
             return
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "final_model"
-            extra = {"save_embedding_layers": False} if getattr(policy, "lora", None) is not None else {}
-            policy.model.save_pretrained(out, **extra)
-            policy.tokenizer.save_pretrained(out)
+            policy.save(out, tokenizer=True)
             logger.experiment.log_artifacts(logger.run_id, str(out), artifact_path="final_model")
 
 

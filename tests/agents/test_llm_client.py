@@ -52,8 +52,8 @@ def test_concurrent_calls_of_one_episode_are_separate_turns(tiny_policy: Policy)
     messages = [{"role": "user", "content": "start"}]
 
     async def episode() -> None:
-        await asyncio.gather(llm.chat(messages + [{"role": "user", "content": "a"}]),
-                             llm.chat(messages + [{"role": "user", "content": "b"}]))
+        await asyncio.gather(llm.chat([*messages, {"role": "user", "content": "a"}]),
+                             llm.chat([*messages, {"role": "user", "content": "b"}]))
 
     asyncio.run(episode())
     assert [t.index for t in llm.turns] == [0, 1]

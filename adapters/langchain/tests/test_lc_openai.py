@@ -5,7 +5,6 @@ as the trainer's `AgentRLChatModel`."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import socket
 import subprocess
@@ -34,9 +33,6 @@ from agentrl.models.policy import Policy
 from agentrl.rollout.engine import SamplingParams
 from agentrl.rollout.hf import HFEngine
 from agentrl_langchain import AgentRLChatModel
-
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("agentrl.rollout.server") is None,
-                                reason="agentrl serve (agentrl.rollout.server) is not available")
 
 
 def _free_port() -> int:

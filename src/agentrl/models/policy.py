@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -156,6 +157,15 @@ class Policy(nn.Module):
             raise RuntimeError("reference log-probs through a disabled adapter need LoRA (policy.lora)")
         with self.model.disable_adapter():
             yield
+
+    def save(self, path: str | Path, *, tokenizer: bool = False) -> None:
+        """Write the trainable weights to ``path`` with ``save_pretrained``: the LoRA adapter (peft format, what
+        vLLM's ``/v1/load_lora_adapter`` reads) or the full model; ``tokenizer`` adds the tokenizer files."""
+        # an adapter never touches the embeddings: skip peft's vocabulary check (it warns on GGUF-loaded models)
+        extra = {"save_embedding_layers": False} if self.uses_lora else {}
+        self.model.save_pretrained(str(path), **extra)
+        if tokenizer:
+            self.tokenizer.save_pretrained(str(path))
 
     # ------------------------------------------------------------------ scoring
 

@@ -68,9 +68,9 @@ from agentrl.rollout.serving import (
     generate,
     render_chat,
 )
+from agentrl.rollout.vllm import API_KEY_ENV  # one name for the key on both sides of the protocol
 
 log = logging.getLogger(__name__)
-API_KEY_ENV = "AGENTRL_API_KEY"
 _GUARDED = ("/v1",)
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 

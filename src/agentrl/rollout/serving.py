@@ -233,7 +233,7 @@ def _call_args(call: dict[str, Any]) -> tuple[str, Any]:
     return str(fn.get("name", "")), args
 
 
-def _message(m: dict[str, Any], native: bool, parser: HermesToolParser) -> dict[str, Any]:
+def _message(m: dict[str, Any], native: bool) -> dict[str, Any]:
     """A chat message as the template gets it: text content; tool calls and results in Hermes form unless the
     template renders tools itself (then calls keep their structure, with arguments as objects, as vLLM does)."""
     role = m.get("role")
@@ -260,7 +260,7 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
     """Render with the chat template; tools go to the template, or into the system prompt when it ignores them
     (as `agentrl.agents.llm.LLMClient` does)."""
     native = bool(tools) and template_renders_tools(tokenizer)
-    conv = [_message(m, native, parser) for m in messages]
+    conv = [_message(m, native) for m in messages]
     if tools and not native:
         block = parser.render_tools(tools)
         if conv and conv[0]["role"] == "system":
@@ -314,7 +314,11 @@ def json_object_end(text: str) -> int | None:
 def forced_stop(tokenizer: Any, choice: ToolChoice | None) -> Callable[[list[int]], bool] | None:
     """Stop a named call when its arguments object closes; ``required`` stops at ``</tool_call>``."""
     if isinstance(choice, ChatCompletionNamedToolChoiceParam):
-        return lambda ids: json_object_end(str(tokenizer.decode(ids))) is not None
+        def closed(ids: list[int]) -> bool:
+            # the object can only close on a token holding "}": skip the full decode and scan on the others
+            return "}" in str(tokenizer.decode(ids[-1:])) and json_object_end(str(tokenizer.decode(ids))) is not None
+
+        return closed
     if choice == "required":
         return lambda ids: "</tool_call>" in str(tokenizer.decode(ids[-16:]))
     return None

@@ -321,8 +321,7 @@ def _save_adapter(policy: Any, path: Path) -> None:
     """Write the adapter to a temporary folder, then rename it into place (a server never reads half a file)."""
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    # the adapter never touches the embeddings: skip peft's vocabulary check (it warns on GGUF-loaded models)
-    policy.model.save_pretrained(str(tmp), save_embedding_layers=False)
+    policy.save(tmp)
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
 
