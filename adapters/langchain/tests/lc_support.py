@@ -11,7 +11,6 @@ the real code path; only the choice of the tokens is scripted. Unscripted calls 
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable
 from dataclasses import replace
@@ -22,6 +21,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tools import tool
 
 from agentrl.agents.base import Task
+from agentrl.agents.tools import HermesToolParser
 from agentrl.models.policy import Policy
 from agentrl.rollout.engine import Completion, SamplingParams
 from agentrl.rollout.hf import HFEngine
@@ -39,7 +39,7 @@ def weather(city: str) -> str:
 
 
 def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+    return HermesToolParser.render_call(name, arguments)
 
 
 def weather_script(rounds: int = 1) -> Script:

@@ -75,6 +75,16 @@ class HermesToolParser:
         content = _TOOL_CALL.sub("", text).strip()
         return ParsedReply(content, calls, errors)
 
+    @staticmethod
+    def render_call(name: str, arguments: Any) -> str:
+        """One call in the form `parse` reads (how a template that ignores ``tools`` sees an assistant's call)."""
+        return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+    @staticmethod
+    def render_response(text: str) -> str:
+        """A tool result as Hermes templates show it to the model."""
+        return f"<tool_response>\n{text}\n</tool_response>"
+
     def render_tools(self, tools: list[dict[str, Any]]) -> str:
         """The Hermes system-prompt block that lists the tools, for chat templates that ignore ``tools``."""
         schemas = "\n".join(json.dumps(_function_schema(t)) for t in tools)

@@ -31,9 +31,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from agentrl.agents.tools import HermesToolParser
 from agentrl.envs.base import StepResult
 
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_HERMES = HermesToolParser()
 _PLAIN = re.compile(
     r"\b(search|answer)\s*(?:\[([^\]\n]*)\]?|\(([^)\n]*)\)?|:\s*([^\n]*))|<answer>\s*(.*?)\s*</answer>",
     re.IGNORECASE | re.DOTALL,
@@ -120,11 +121,9 @@ def f1_score(prediction: str, gold: str) -> float:
 def parse_action(text: str) -> tuple[str, str] | None:
     """``("search", query)`` or ``("answer", text)`` from a reply, or None when there is no valid action."""
     text = text[:20_000]
-    call = _TOOL_CALL.search(text)
-    if call is not None:
-        parsed = _parse_tool_call(call.group(1))
-        if parsed is not None:
-            return parsed
+    parsed = _tool_action(text)
+    if parsed is not None:
+        return parsed
     match = _PLAIN.search(text)
     if match is None:
         return None
@@ -137,22 +136,16 @@ def parse_action(text: str) -> tuple[str, str] | None:
     return (name, arg) if 0 < len(arg) <= _MAX_ARG_CHARS else None
 
 
-def _parse_tool_call(body: str) -> tuple[str, str] | None:
-    try:
-        call = json.loads(body)
-        args = call.get("arguments", {}) if isinstance(call, dict) else None
-        if isinstance(args, str):
-            args = json.loads(args)
-    except json.JSONDecodeError:
+def _tool_action(text: str) -> tuple[str, str] | None:
+    """The first Hermes tool call of ``text`` (parsed by `HermesToolParser`, ``json.loads`` only) as an action."""
+    calls = _HERMES.parse(text).tool_calls
+    if not calls:
         return None
-    if not isinstance(args, dict):
-        return None
-    name = call.get("name")
-    keys = {"search": ("query",), "answer": ("text", "answer")}.get(name) if isinstance(name, str) else None
-    for key in keys or ():
+    name, args = calls[0].name, calls[0].arguments
+    for key in {"search": ("query",), "answer": ("text", "answer")}.get(name, ()):
         value = args.get(key)
         if isinstance(value, str) and 0 < len(value.strip()) <= _MAX_ARG_CHARS:
-            return str(name), value.strip()
+            return name, value.strip()
     return None
 
 

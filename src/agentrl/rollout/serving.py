@@ -248,10 +248,10 @@ def _message(m: dict[str, Any], native: bool) -> dict[str, Any]:
                                  for c, (n, a) in zip(calls, map(_call_args, calls), strict=True)]
         return out
     for name, args in map(_call_args, calls):
-        block = json.dumps({"name": name, "arguments": args})
-        text = f"{text}\n<tool_call>\n{block}\n</tool_call>" if text else f"<tool_call>\n{block}\n</tool_call>"
+        block = HermesToolParser.render_call(name, args)
+        text = f"{text}\n{block}" if text else block
     if role == "tool":
-        text = f"<tool_response>\n{text}\n</tool_response>"
+        text = HermesToolParser.render_response(text)
     return {"role": role, "content": text}
 
 

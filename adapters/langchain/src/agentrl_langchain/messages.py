@@ -15,7 +15,6 @@ serve`` renders for the same conversation (so a model trained here sees the same
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -32,6 +31,7 @@ from langchain_core.messages import (
 )
 
 from agentrl.agents.llm import AssistantReply
+from agentrl.agents.tools import HermesToolParser
 
 RAW_TEXT_KEY = "agentrl_raw_text"
 """``AIMessage.additional_kwargs`` key holding the exact text the model generated."""
@@ -60,7 +60,7 @@ def message_text(message: BaseMessage) -> str:
 
 def hermes_tool_call(name: str, args: Any) -> str:
     """One tool call in the Hermes format the tool parser reads."""
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+    return HermesToolParser.render_call(name, args)
 
 
 def assistant_text(message: AIMessage) -> str:
@@ -90,7 +90,7 @@ def to_chat(messages: Sequence[BaseMessage], *, native_tools: bool) -> list[Mess
 def _convert(message: BaseMessage, native_tools: bool) -> Message:
     if isinstance(message, ToolMessage):
         text = message_text(message)
-        content = text if native_tools else f"<tool_response>\n{text}\n</tool_response>"
+        content = text if native_tools else HermesToolParser.render_response(text)
         return {"role": "tool", "content": content, "tool_call_id": message.tool_call_id, "name": message.name or ""}
     if isinstance(message, AIMessage):
         return {"role": "assistant", "content": assistant_text(message)}
