@@ -13,9 +13,7 @@ k turns and must see the same tool results).
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
-from importlib import resources
 from typing import Any
 
 from langchain.agents import create_agent
@@ -24,8 +22,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolCa
 from langchain_core.tools import tool
 
 from agentrl.agents.base import Task
-from agentrl.envs import SearchIndex
-from agentrl.envs.searchqa import f1_score, normalize_answer
+from agentrl.envs.searchqa import f1_score, format_hits, load_questions, normalize_answer, shared_index
 from agentrl_langchain import Score
 
 SYSTEM_PROMPT = (
@@ -40,19 +37,10 @@ MAX_RESULT_CHARS = 600
 SEARCH_BONUS = 0.1
 
 
-@lru_cache(maxsize=1)
-def _index() -> SearchIndex:
-    return SearchIndex()
-
-
 @tool
 def search(query: str) -> str:
     """Search the documents about invented people, towns and companies; returns the three best passages."""
-    hits = _index().search(query, k=3)
-    if not hits:
-        return f"No documents match {query!r}. Try other words."
-    text = "\n".join(f"[{i + 1}] {hit['title']}: {hit['text']}" for i, hit in enumerate(hits))
-    return text if len(text) <= MAX_RESULT_CHARS else text[: MAX_RESULT_CHARS - 3] + "..."
+    return format_hits(query, shared_index().search(query, k=3), MAX_RESULT_CHARS)
 
 
 @tool(return_direct=True)
@@ -129,9 +117,7 @@ class SearchQATasks:
     def __init__(self, hops: int = 0, start: int = 0, stop: int | None = None) -> None:
         if hops not in (0, 1, 2):
             raise ValueError(f"tasks.hops must be 0 (all), 1 or 2, got {hops}")
-        path = resources.files("agentrl.envs").joinpath("data", "searchqa_questions.jsonl")
-        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        self.rows = [row for row in rows if hops in (0, row["hops"])][start:stop]
+        self.rows = load_questions(hops)[start:stop]
         if not self.rows:
             raise ValueError(f"no SearchQA questions with hops={hops} in [{start}, {stop})")
 

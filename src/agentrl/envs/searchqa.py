@@ -98,8 +98,29 @@ class SearchIndex:
 
 
 @lru_cache(maxsize=4)
-def _shared_index(corpus_path: str) -> SearchIndex:
+def shared_index(corpus_path: str = "") -> SearchIndex:
+    """One `SearchIndex` per corpus file per process ("": the shipped corpus), shared by every user."""
     return SearchIndex(corpus_path or None)
+
+
+def load_questions(hops: int = 0, questions_path: str = "") -> list[dict[str, Any]]:
+    """The question rows (question, answer, hops, id) with ``hops`` hops (0: all); "" is the shipped file."""
+    path = Path(questions_path) if questions_path else _data_path("searchqa_questions.jsonl")
+    with open(path, encoding="utf-8") as f:
+        questions = [json.loads(line) for line in f if line.strip()]
+    selected = [q for q in questions if hops in (0, q["hops"])]
+    if not selected:
+        raise ValueError(f"no questions with hops={hops} in {path}")
+    return selected
+
+
+def format_hits(query: str, hits: list[dict[str, Any]], max_chars: int) -> str:
+    """Search results as the model reads them (numbered ``title: text`` lines), cut to ``max_chars``."""
+    if not hits:
+        body = f"No documents match {query!r}. Try other words."
+    else:
+        body = "\n".join(f"[{i + 1}] {h['title']}: {h['text']}" for i, h in enumerate(hits))
+    return body if len(body) <= max_chars else body[: max_chars - 3] + "..."
 
 
 def normalize_answer(text: str) -> str:
@@ -196,13 +217,8 @@ class SearchQAEnv:
         self.reward, self.hops, self.top_k, self.max_obs_chars = reward, hops, top_k, max_obs_chars
         self.max_turns = max_turns
         self.format_penalty = format_penalty
-        self.index = _shared_index(corpus_path)
-        path = Path(questions_path) if questions_path else _data_path("searchqa_questions.jsonl")
-        with open(path, encoding="utf-8") as f:
-            questions = [json.loads(line) for line in f if line.strip()]
-        self.questions = [q for q in questions if hops in (0, q["hops"])]
-        if not self.questions:
-            raise ValueError(f"no questions with hops={hops} in {path}")
+        self.index = shared_index(corpus_path)
+        self.questions = load_questions(hops, questions_path)
         self.system_prompt = (
             "Answer the question about invented people, towns and companies. You cannot know the answer: "
             "search first. Reply with one action per turn:\nsearch[query] to search the documents\n"
@@ -248,12 +264,7 @@ class SearchQAEnv:
         return StepResult(f"Your answer: {text}. Correct answer: {gold}.", reward, True, False, info)
 
     def _render(self, query: str, hits: list[dict[str, Any]], truncated: bool) -> str:
-        if not hits:
-            body = f"No documents match {query!r}. Try other words."
-        else:
-            body = "\n".join(f"[{i + 1}] {h['title']}: {h['text']}" for i, h in enumerate(hits))
-        if len(body) > self.max_obs_chars:
-            body = body[: self.max_obs_chars - 3] + "..."
+        body = format_hits(query, hits, self.max_obs_chars)
         tail = "Out of turns." if truncated else "Next: search[query] or answer[text]."
         return f"{body}\n{tail}"
 
