@@ -64,3 +64,12 @@ class SnapshotEnv(TextEnv, Protocol):
 
     def restore(self, state: Any) -> None:
         ...
+
+
+def format_error(observation: str, penalty: float, truncated: bool) -> StepResult:
+    """The result of a malformed action, as the protocol above says: the penalty, an observation that explains the
+    expected format, ``info["format_error"]``, and ``success = False`` when this turn was the last."""
+    info: dict[str, Any] = {"format_error": True}
+    if truncated:
+        info["success"] = False
+    return StepResult(observation, penalty, False, truncated, info)

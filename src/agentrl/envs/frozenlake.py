@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.envs.base import StepResult
+from agentrl.envs.base import StepResult, format_error
 
 ACTIONS: dict[str, tuple[int, int]] = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
 _ORDER = ("left", "down", "right", "up")  # gymnasium's action numbering 0..3
@@ -172,11 +172,8 @@ class FrozenLakeEnv:
         match = _DIRECTION.search(action)
         if match is None:
             state.done = truncated
-            info: dict[str, Any] = {"format_error": True}
-            if truncated:
-                info["success"] = False
             obs = f"Invalid move. Reply with one word: left, down, right or up.\n{self.render()}"
-            return StepResult(obs, self.format_penalty, False, truncated, info)
+            return format_error(obs, self.format_penalty, truncated)
         move = self._slip(match.group(1).lower())
         dr, dc = ACTIONS[move]
         row = min(max(state.pos[0] + dr, 0), self.size - 1)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.envs.base import StepResult
+from agentrl.envs.base import StepResult, format_error
 
 _INT = re.compile(r"-?\d+")
 _MAX_RANGE = 1_000_000
@@ -92,11 +92,8 @@ class GuessNumberEnv:
         truncated = turn >= self.max_turns
         if guess is None:
             self._state = replace(state, turn=turn, done=truncated)
-            info: dict[str, Any] = {"format_error": True}
-            if truncated:
-                info["success"] = False
             obs = f"Invalid reply. Reply with one number between {self.low} and {self.high}, e.g. {self.low}."
-            return StepResult(obs, self.format_penalty, False, truncated, info)
+            return format_error(obs, self.format_penalty, truncated)
         if guess == state.target:
             self._state = replace(state, turn=turn, done=True)
             return StepResult(f"{guess} is correct!", 1.0, True, False, {"format_error": False, "success": True})

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.envs.base import StepResult
+from agentrl.envs.base import StepResult, format_error
 
 CATEGORIES: dict[str, tuple[tuple[str, ...], int, int]] = {
     # category: (materials, min price, max price)
@@ -225,10 +225,7 @@ class ShopEnv:
             obs = f"Unknown product id {arg!r}. Use an id from the search results, e.g. click[P017]."
         else:
             obs = "Invalid action. Reply with search[keywords], click[id] or buy[id], e.g. search[red t-shirt]."
-        info: dict[str, Any] = {"format_error": True}
-        if truncated:
-            info["success"] = False
-        return StepResult(obs, self.format_penalty, False, truncated, info)
+        return format_error(obs, self.format_penalty, truncated)
 
     def snapshot(self) -> _Episode | None:
         """Return the episode state (immutable, so no copy is needed)."""

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.envs.base import StepResult
+from agentrl.envs.base import StepResult, format_error
 
 Cell = tuple[int, int]
 
@@ -260,11 +260,8 @@ class SokobanEnv:
         match = _DIRECTION.search(action)
         if match is None:
             self._episode = replace(episode, turn=turn, done=truncated)
-            info: dict[str, Any] = {"format_error": True}
-            if truncated:
-                info["success"] = False
             obs = f"Invalid move. Reply with one word: Up, Down, Left or Right.\n{episode.room.render()}"
-            return StepResult(obs, self.format_penalty, False, truncated, info)
+            return format_error(obs, self.format_penalty, truncated)
         name = match.group(1).capitalize()
         before, after = episode.room, move(episode.room, name)
         on_before = len(before.boxes & before.targets)
