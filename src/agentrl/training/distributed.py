@@ -60,7 +60,7 @@ def check_in_sync(params: list[torch.nn.Parameter], device: torch.device | None 
         return
     with torch.no_grad():
         total = torch.stack([p.detach().double().sum() for p in params]).sum() if params else torch.zeros(())
-    t = torch.tensor([total.item(), -total.item()], dtype=torch.float64, device=device)
+    t = torch.stack([total, -total]).to(device=device, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     if float(t[0]) != -float(t[1]):
         raise RuntimeError(f"the policy's weights differ across ranks (checksums span {float(-t[1])}..{float(t[0])})")

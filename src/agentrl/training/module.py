@@ -13,6 +13,7 @@ clipping, the non-finite-update guard, metrics, and the engine.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -102,7 +103,6 @@ class AgentRLModule(pl.LightningModule):
         self.temperature = 1.0
         self._bad_updates = 0
         self._runtime: RolloutRuntime | None = None
-        self._no_sync: Any = None
         self._engine: RolloutEngine | None = None
         self._collector: Collector | None = None
         self._step_stats: dict[str, float] = defaultdict(float)
@@ -137,9 +137,6 @@ class AgentRLModule(pl.LightningModule):
             self.evaluate("base")
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self._no_sync is not None:
-            self._no_sync.__exit__(None, None, None)
-            self._no_sync = None
         dm = self.trainer.datamodule  # type: ignore[attr-defined]
         if dm.eval_every and self.rl_step % dm.eval_every == 0 and self.rl_step < dm.steps:
             self.evaluate(f"step {self.rl_step}")
@@ -360,13 +357,14 @@ class AgentRLModule(pl.LightningModule):
     def _step_optimizers(self, opts: list[Any], stats: dict[str, float]) -> dict[str, float]:
         """Clip gradients, guard against non-finite updates, step the optimizers."""
         o = self.optim
-        distributed.average_gradients(self.policy.trainable_parameters())
-        norm = _clip(self.policy.trainable_parameters(), o.max_grad_norm)
+        params = self.policy.trainable_parameters()
+        critic_params = self.critic.trainable_parameters() if self.critic is not None else []
+        distributed.average_gradients(params + critic_params)  # one all-reduce for both
+        norm = _clip(params, o.max_grad_norm)
         stats["train/grad_norm"] = norm
         finite = math.isfinite(norm) and all(math.isfinite(v) for v in stats.values())
         if self.critic is not None:
-            distributed.average_gradients(self.critic.trainable_parameters())
-            c_norm = _clip(self.critic.trainable_parameters(), o.critic_max_grad_norm)
+            c_norm = _clip(critic_params, o.critic_max_grad_norm)
             stats["train/critic_grad_norm"] = c_norm
             finite = finite and math.isfinite(c_norm)
         finite = distributed.sync_all(finite, self.device)  # every rank skips, or none does
@@ -391,19 +389,14 @@ class AgentRLModule(pl.LightningModule):
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         return batch  # a list of tasks: nothing to move; rollouts are made on the right device later
 
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        # under DDP, backward passes only accumulate locally; `_step_optimizers` averages the gradients itself
-        # (ranks run different numbers of backward passes: see agentrl.training.distributed)
-        wrapper = self.trainer.model
-        no_sync = getattr(wrapper, "no_sync", None)
-        self._no_sync = no_sync() if callable(no_sync) and distributed.active() else None
-        if self._no_sync is not None:
-            self._no_sync.__enter__()
-
     def training_step(self, tasks: list[Task], batch_idx: int) -> None:
         start = time.perf_counter()
         self._step_stats = defaultdict(float)
-        metrics = self.algorithm.step(self, list(tasks))
+        # under DDP, backward passes only accumulate locally; `_step_optimizers` averages the gradients itself
+        # (ranks run different numbers of backward passes: see agentrl.training.distributed)
+        block_sync = getattr(self.trainer.strategy, "block_backward_sync", contextlib.nullcontext)
+        with block_sync():
+            metrics = self.algorithm.step(self, list(tasks))
         distributed.check_in_sync(self.policy.trainable_parameters(), self.device)
         self.rl_step += 1
         metrics.update(self._perf_metrics(time.perf_counter() - start))
