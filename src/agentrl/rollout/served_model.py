@@ -53,7 +53,6 @@ class Resident:
 
     name: str
     path: str
-    loads: int  # how many adapters were loaded before it, plus one
 
 
 class _Gate:
@@ -113,7 +112,6 @@ class ServedModel:
         self.adapter_engine = HFEngine(policy, step_context=self.adapter_step, **kw) if policy.uses_lora else None
         self.resident: Resident | None = None
         self.replaced: str | None = None  # the adapter the last load replaced: already unloaded
-        self._loads = 0
         self._gate = _Gate()
 
     @property
@@ -134,12 +132,8 @@ class ServedModel:
     @contextlib.contextmanager
     def base_step(self) -> Iterator[None]:
         """Serialise with the other engine; the adapter is off."""
-        with self._lock:
-            if self.policy.uses_lora:
-                with self.policy.model.disable_adapter():
-                    yield
-            else:
-                yield
+        with self._lock, self.policy.adapter_disabled() if self.policy.uses_lora else contextlib.nullcontext():
+            yield
 
     @contextlib.contextmanager
     def adapter_step(self) -> Iterator[None]:
@@ -180,10 +174,10 @@ class ServedModel:
         tensors = await asyncio.to_thread(self._read_adapter, Path(path))
         async with self._gate.write():
             await asyncio.to_thread(self._copy_in, tensors)
-            self._loads += 1
-            await self.adapter_engine.update_weights(version=self._loads)  # drops KV of the old weights
+            # a new version drops the KV of the old weights
+            await self.adapter_engine.update_weights(version=self.adapter_engine.version + 1)
             self.replaced = self.resident.name if self.resident is not None else None
-            self.resident = Resident(name, path, self._loads)
+            self.resident = Resident(name, path)
 
     def unload_adapter(self, name: str) -> None:
         """Unload ``name``. The adapter that the last load replaced counts as loaded until then, so the vLLM
