@@ -93,6 +93,24 @@ def template_renders_tools(tokenizer: Any) -> bool:
     return _TOOL_SUPPORT[key]
 
 
+def render_prompt(tokenizer: Any, messages: list[Message], tools: list[dict[str, Any]] | None, parser: ToolParser,
+                  *, add_generation_prompt: bool = True) -> str:
+    """The prompt text of a chat, the one rendering shared by the trainer's `LLMClient` and ``agentrl serve``:
+    ``tools`` go to the chat template when it renders them, otherwise the parser's tool block is appended to the
+    system prompt (a system message is added when there is none)."""
+    native = bool(tools) and template_renders_tools(tokenizer)
+    conv = messages
+    if tools and not native:
+        block = parser.render_tools(tools)
+        if conv and conv[0].get("role") == "system":
+            conv = [{**conv[0], "content": f"{conv[0]['content']}\n\n{block}"}, *conv[1:]]
+        else:
+            conv = [{"role": "system", "content": block}, *conv]
+    text = tokenizer.apply_chat_template(conv, tools=tools if native else None,
+                                         add_generation_prompt=add_generation_prompt, tokenize=False)
+    return str(text)
+
+
 @dataclass
 class _Previous:
     messages: list[Message]
@@ -200,19 +218,8 @@ class LLMClient:
 
     # ------------------------------------------------------------------ rendering
 
-    def _with_tools(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[Message]:
-        if not tools or template_renders_tools(self.tokenizer):
-            return messages
-        block = self.tool_parser.render_tools(tools)
-        if messages and messages[0].get("role") == "system":
-            return [{"role": "system", "content": f"{messages[0]['content']}\n\n{block}"}, *messages[1:]]
-        return [{"role": "system", "content": block}, *messages]
-
     def _render(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
-        conv = self._with_tools(messages, tools)
-        native_tools = tools if tools and template_renders_tools(self.tokenizer) else None
-        text = self.tokenizer.apply_chat_template(conv, tools=native_tools, add_generation_prompt=True, tokenize=False)
-        return str(text)
+        return render_prompt(self.tokenizer, messages, tools, self.tool_parser)
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

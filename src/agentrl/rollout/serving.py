@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.agents.llm import template_renders_tools
+from agentrl.agents.llm import render_prompt, template_renders_tools
 from agentrl.agents.tools import HermesToolParser
 from agentrl.rollout.engine import Completion, SamplingParams
 from agentrl.rollout.hf import HFEngine
@@ -257,22 +257,14 @@ def _message(m: dict[str, Any], native: bool) -> dict[str, Any]:
 
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                 add_generation_prompt: bool, parser: HermesToolParser) -> str:
-    """Render with the chat template; tools go to the template, or into the system prompt when it ignores them
-    (as `agentrl.agents.llm.LLMClient` does)."""
+    """Render an OpenAI-shaped conversation with `agentrl.agents.llm.render_prompt`, the trainer's own rendering;
+    a template error is a 400 naming ``messages``."""
     native = bool(tools) and template_renders_tools(tokenizer)
     conv = [_message(m, native) for m in messages]
-    if tools and not native:
-        block = parser.render_tools(tools)
-        if conv and conv[0]["role"] == "system":
-            conv[0] = {**conv[0], "content": f"{conv[0]['content']}\n\n{block}"}
-        else:
-            conv.insert(0, {"role": "system", "content": block})
     try:
-        text = tokenizer.apply_chat_template(conv, tools=tools if native else None,
-                                             add_generation_prompt=add_generation_prompt, tokenize=False)
+        return render_prompt(tokenizer, conv, tools, parser, add_generation_prompt=add_generation_prompt)
     except Exception as exc:  # a template error is the request's fault (role order, missing fields)
         raise ServeError(f"chat template failed: {exc}", param="messages") from exc
-    return str(text)
 
 
 def forced_prefix(choice: ToolChoice | None, tools: list[dict[str, Any]] | None) -> str:
