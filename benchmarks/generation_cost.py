@@ -22,9 +22,9 @@ import lightning.pytorch as pl
 import torch
 
 from agentrl.agents.env_agent import EnvAgent
+from agentrl.engines.base import SamplingParams
 from agentrl.envs import GuessNumberEnv
 from agentrl.models.policy import Policy
-from agentrl.rollout.engine import SamplingParams
 from agentrl.training.datamodule import RolloutDataModule
 from agentrl.training.module import AgentRLModule
 from agentrl.training.rtpo import RTPO

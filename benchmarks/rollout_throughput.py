@@ -25,11 +25,11 @@ import torch
 
 from agentrl.agents.base import Task
 from agentrl.agents.env_agent import EnvAgent
+from agentrl.collect.collector import Collector
+from agentrl.engines.base import SamplingParams
+from agentrl.engines.hf import HFEngine
 from agentrl.envs import FrozenLakeEnv
 from agentrl.models.policy import Policy
-from agentrl.rollout.collector import Collector
-from agentrl.rollout.engine import SamplingParams
-from agentrl.rollout.hf import HFEngine
 
 SYSTEM = "You are an agent in a grid world. Think briefly, then give one move: up, down, left or right."
 OBSERVATION = "You moved. The goal is still to the south-east. What is your next move?"

@@ -26,8 +26,8 @@ import lightning.pytorch as pl
 import torch
 
 from agentrl.agents.base import Outcome, Task
+from agentrl.engines.base import SamplingParams
 from agentrl.models.policy import LoRASettings, Policy
-from agentrl.rollout.engine import SamplingParams
 from agentrl.training.batching import TurnTargets
 from agentrl.training.datamodule import RolloutDataModule
 from agentrl.training.module import AgentRLModule

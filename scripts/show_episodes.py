@@ -15,11 +15,11 @@ from pathlib import Path
 
 from agentrl.agents.base import Task
 from agentrl.agents.env_agent import EnvAgent
+from agentrl.collect.collector import Collector
+from agentrl.engines.base import SamplingParams
+from agentrl.engines.hf import HFEngine
 from agentrl.envs import FrozenLakeEnv, GuessNumberEnv, SearchQAEnv, ShopEnv, SokobanEnv
 from agentrl.models.policy import Policy
-from agentrl.rollout.collector import Collector
-from agentrl.rollout.engine import SamplingParams
-from agentrl.rollout.hf import HFEngine
 
 ENVS = {
     "guess_number": lambda: GuessNumberEnv(low=1, high=10, max_turns=4, prompt_example=False),

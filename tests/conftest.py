@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
+
+from tests.support.server import API_KEY, LORA_ARGS, Server, start_server
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -21,3 +24,11 @@ def smollm2_policy():  # type: ignore[no-untyped-def]
     from agentrl.models.policy import Policy
 
     return Policy("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A shared tiny-random server with LoRA slots (r=8, alpha=16, q/v) and an API key."""
+    server = start_server(tmp_path_factory.mktemp("serve"), *LORA_ARGS, api_key=API_KEY)
+    yield server
+    server.stop()

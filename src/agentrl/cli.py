@@ -1,7 +1,7 @@
 """The ``agentrl`` command line.
 
 ``agentrl fit --config configs/rtpo.yaml`` trains (LightningCLI, see `agentrl.training.cli`);
-``agentrl serve`` runs the embedded engine behind a vLLM-compatible HTTP API (see `agentrl.rollout.server`).
+``agentrl serve`` runs the embedded engine behind a vLLM-compatible HTTP API (see `agentrl.serve.server`).
 Subcommands import their heavy dependencies only when they run, so ``agentrl --help`` is fast.
 """
 
@@ -18,7 +18,7 @@ from agentrl import __version__
 # subcommand -> (module, function taking argv, one-line help)
 _COMMANDS: dict[str, tuple[str, str, str]] = {
     "fit": ("agentrl.training.cli", "fit_main", "train an agent with live rollouts (--help for the config)"),
-    "serve": ("agentrl.rollout.server", "serve_main", "serve a model over a vLLM-compatible HTTP API"),
+    "serve": ("agentrl.serve.server", "serve_main", "serve a model over a vLLM-compatible HTTP API"),
 }
 
 

@@ -8,9 +8,9 @@ import pytest
 
 from agentrl.agents.base import EpisodeTruncated
 from agentrl.agents.llm import LLMClient
+from agentrl.engines.base import Completion, SamplingParams
+from agentrl.engines.hf import HFEngine
 from agentrl.models.policy import Policy
-from agentrl.rollout.engine import Completion, SamplingParams
-from agentrl.rollout.hf import HFEngine
 
 
 class RecordingEngine(HFEngine):

@@ -9,9 +9,9 @@ import lightning.pytorch as pl
 from agentrl.agents.base import Outcome, Task
 from agentrl.agents.env_agent import EnvAgent
 from agentrl.agents.llm import LLMClient
+from agentrl.engines.base import SamplingParams
 from agentrl.envs import FrozenLakeEnv, GuessNumberEnv
 from agentrl.models.policy import Policy
-from agentrl.rollout.engine import SamplingParams
 from agentrl.training.datamodule import RolloutDataModule
 from agentrl.training.module import AgentRLModule
 from agentrl.training.schedules import Schedule

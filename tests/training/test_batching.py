@@ -9,12 +9,12 @@ from torch.testing import assert_close
 
 from agentrl.agents.base import Task
 from agentrl.agents.env_agent import EnvAgent
+from agentrl.collect.collector import Collector
+from agentrl.engines.base import SamplingParams
+from agentrl.engines.hf import HFEngine
 from agentrl.envs import FrozenLakeEnv
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
-from agentrl.rollout.collector import Collector
-from agentrl.rollout.engine import SamplingParams
-from agentrl.rollout.hf import HFEngine
 from agentrl.training.batching import TurnTargets, collate, micro_batches, pack_rows, token_counts
 
 

@@ -21,10 +21,10 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tools import tool
 
 from agentrl.agents.base import Task
-from agentrl.agents.tools import HermesToolParser
+from agentrl.chat.tools import HermesToolParser
+from agentrl.engines.base import Completion, SamplingParams
+from agentrl.engines.hf import HFEngine
 from agentrl.models.policy import Policy
-from agentrl.rollout.engine import Completion, SamplingParams
-from agentrl.rollout.hf import HFEngine
 
 Script = Callable[[str, int | None], str | None]
 

@@ -21,9 +21,9 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from lc_support import CITIES, CountModelCalls, ScriptedEngine, letter_reward, tasks, weather, weather_script
 
 from agentrl.agents.base import Task
+from agentrl.collect.collector import Collector
+from agentrl.engines.base import SamplingParams
 from agentrl.models.policy import Policy
-from agentrl.rollout.collector import Collector
-from agentrl.rollout.engine import SamplingParams
 from agentrl.types import Trajectory
 from agentrl_langchain import LangChainAgent, Score
 

@@ -15,8 +15,8 @@ from lc_support import Script, ScriptedEngine, tool_call_text, weather
 from pydantic import BaseModel
 
 from agentrl.agents.llm import LLMClient
+from agentrl.engines.base import SamplingParams
 from agentrl.models.policy import Policy
-from agentrl.rollout.engine import SamplingParams
 from agentrl_langchain import AgentRLChatModel
 
 T = TypeVar("T")

@@ -8,7 +8,7 @@ from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, System
 
 from agentrl.agents.base import Task
 from agentrl.agents.llm import AssistantReply
-from agentrl.agents.tools import HermesToolParser
+from agentrl.chat.tools import HermesToolParser
 from agentrl.types import Turn
 from agentrl_langchain import RAW_TEXT_KEY, question_input, to_ai_message, to_chat
 

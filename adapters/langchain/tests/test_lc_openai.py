@@ -29,9 +29,9 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from agentrl.agents.base import Task
 from agentrl.agents.llm import LLMClient
+from agentrl.engines.base import SamplingParams
+from agentrl.engines.hf import HFEngine
 from agentrl.models.policy import Policy
-from agentrl.rollout.engine import SamplingParams
-from agentrl.rollout.hf import HFEngine
 from agentrl_langchain import AgentRLChatModel
 
 

@@ -11,9 +11,9 @@ from langchain.agents import create_agent
 from langchain_core.tools import tool
 from lc_support import ScriptedEngine, letter_reward, tasks, weather, weather_script
 
+from agentrl.collect.collector import Collector
+from agentrl.engines.base import SamplingParams
 from agentrl.models.policy import Policy
-from agentrl.rollout.collector import Collector
-from agentrl.rollout.engine import SamplingParams
 from agentrl_langchain import LangChainAgent
 
 

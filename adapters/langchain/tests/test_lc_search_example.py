@@ -21,9 +21,9 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolCall
 from lc_support import ScriptedEngine, tool_call_text
 
 from agentrl.agents.base import Task
+from agentrl.collect.collector import Collector
+from agentrl.engines.base import SamplingParams
 from agentrl.models.policy import Policy
-from agentrl.rollout.collector import Collector
-from agentrl.rollout.engine import SamplingParams
 from agentrl_langchain import LangChainAgent
 
 TASK = Task("q005", data={"question": "On which river is the town of Dreirkstead?", "answer": "Zildralis"})

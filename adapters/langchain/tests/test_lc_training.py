@@ -11,8 +11,8 @@ import torch
 from langchain.agents import create_agent
 from lc_support import QuestionTasks, ScriptedEngineSpec, letter_reward, weather, weather_script
 
+from agentrl.engines.base import SamplingParams
 from agentrl.models.policy import Policy
-from agentrl.rollout.engine import SamplingParams
 from agentrl.training.datamodule import RolloutDataModule
 from agentrl.training.module import AgentRLModule
 from agentrl.training.rtpo import RTPO

@@ -1,1 +1,4 @@
-"""agents"""
+"""Layer `agents`: what runs an episode. The `Agent` protocol (``run(task, llm) -> Outcome``), the episode's
+`LLMClient` (the model as an agent sees it: renders chats, calls the engine, records every call as a token-exact
+`Turn`, replays a trunk for RTPO siblings) and `EnvAgent`, the built-in loop over a text environment.
+Imports engines (to call), envs (to drive) and chat (to render); never collect, serve or training."""

@@ -15,7 +15,8 @@ import copy
 from typing import Any
 
 from agentrl.agents.base import Outcome, Task
-from agentrl.agents.llm import LLMClient, Message
+from agentrl.agents.llm import LLMClient
+from agentrl.chat.render import Message
 from agentrl.envs.base import SnapshotEnv, TextEnv
 
 

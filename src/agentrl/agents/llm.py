@@ -21,22 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.agents.base import EpisodeTruncated, ReplayMismatchError
-from agentrl.agents.tools import HermesToolParser, ToolCall, ToolParser
-from agentrl.rollout.engine import RolloutEngine, SamplingParams
+from agentrl.chat.render import Message, render_prompt
+from agentrl.chat.tools import HermesToolParser, ToolCall, ToolParser
+from agentrl.engines.base import RolloutEngine, SamplingParams
+from agentrl.seeding import derive_seed
 from agentrl.types import Turn
-
-Message = dict[str, Any]
-
-
-def derive_seed(*parts: object) -> int:
-    """A 63-bit seed from any parts (stable across processes, unlike ``hash``)."""
-    digest = hashlib.blake2b("/".join(str(p) for p in parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 @dataclass
@@ -77,38 +70,6 @@ class AssistantReply:
     def message(self) -> Message:
         """The assistant message to append to the conversation."""
         return {"role": "assistant", "content": self.text}
-
-
-_TOOL_SUPPORT: dict[int, bool] = {}
-
-
-def template_renders_tools(tokenizer: Any) -> bool:
-    """Whether the tokenizer's chat template renders a ``tools`` argument at all."""
-    key = id(tokenizer)
-    if key not in _TOOL_SUPPORT:
-        probe = [{"role": "user", "content": "x"}]
-        tool = {"type": "function", "function": {"name": "probe_tool_zz", "description": "d", "parameters": {}}}
-        with_tools = tokenizer.apply_chat_template(probe, tools=[tool], tokenize=False)
-        _TOOL_SUPPORT[key] = "probe_tool_zz" in with_tools
-    return _TOOL_SUPPORT[key]
-
-
-def render_prompt(tokenizer: Any, messages: list[Message], tools: list[dict[str, Any]] | None, parser: ToolParser,
-                  *, add_generation_prompt: bool = True) -> str:
-    """The prompt text of a chat, the one rendering shared by the trainer's `LLMClient` and ``agentrl serve``:
-    ``tools`` go to the chat template when it renders them, otherwise the parser's tool block is appended to the
-    system prompt (a system message is added when there is none)."""
-    native = bool(tools) and template_renders_tools(tokenizer)
-    conv = messages
-    if tools and not native:
-        block = parser.render_tools(tools)
-        if conv and conv[0].get("role") == "system":
-            conv = [{**conv[0], "content": f"{conv[0]['content']}\n\n{block}"}, *conv[1:]]
-        else:
-            conv = [{"role": "system", "content": block}, *conv]
-    text = tokenizer.apply_chat_template(conv, tools=tools if native else None,
-                                         add_generation_prompt=add_generation_prompt, tokenize=False)
-    return str(text)
 
 
 @dataclass

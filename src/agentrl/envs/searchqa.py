@@ -31,7 +31,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from agentrl.agents.tools import HermesToolParser
+from agentrl.chat.tools import HermesToolParser
 from agentrl.envs.base import StepResult
 
 _HERMES = HermesToolParser()

@@ -18,8 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 import lightning.pytorch as pl
 
 from agentrl.agents.base import Agent, Task
-from agentrl.rollout.collector import Collector
-from agentrl.rollout.engine import RolloutEngine, SamplingParams
+from agentrl.collect.collector import Collector
+from agentrl.engines.base import RolloutEngine, SamplingParams
 
 
 @runtime_checkable

@@ -26,21 +26,21 @@ import torch
 from torch import Tensor
 
 from agentrl.agents.base import Task
-from agentrl.agents.llm import derive_seed
 from agentrl.algorithms.losses import clipped_value_loss, kl_k3, ppo_policy_loss
+from agentrl.collect.collector import CollectStats
+from agentrl.collect.runtime import RolloutRuntime
+from agentrl.engines.specs import EngineSpec, HFEngineSpec
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
-from agentrl.rollout.collector import CollectStats
-from agentrl.rollout.engines import EngineSpec, HFEngineSpec
-from agentrl.rollout.runtime import RolloutRuntime
+from agentrl.seeding import derive_seed
 from agentrl.training import distributed
 from agentrl.training.batching import Row, TurnTargets, collate, micro_batches, pack_rows, token_counts
 from agentrl.training.settings import CriticSettings, OptimSettings, PPOSettings
 from agentrl.types import Trajectory
 
 if TYPE_CHECKING:
-    from agentrl.rollout.collector import Collector
-    from agentrl.rollout.engine import RolloutEngine
+    from agentrl.collect.collector import Collector
+    from agentrl.engines.base import RolloutEngine
     from agentrl.training.schedules import Schedule
 
 log = logging.getLogger(__name__)

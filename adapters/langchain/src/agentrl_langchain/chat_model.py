@@ -36,7 +36,8 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field, field_validator
 
-from agentrl.agents.llm import LLMClient, template_renders_tools
+from agentrl.agents.llm import LLMClient
+from agentrl.chat.render import template_renders_tools
 from agentrl_langchain.messages import to_ai_message, to_chat
 
 # Keyword arguments LangChain itself passes to a chat model; anything else is a per-call setting we refuse.

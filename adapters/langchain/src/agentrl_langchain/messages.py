@@ -31,7 +31,7 @@ from langchain_core.messages import (
 )
 
 from agentrl.agents.llm import AssistantReply
-from agentrl.agents.tools import HermesToolParser
+from agentrl.chat.tools import HermesToolParser
 
 RAW_TEXT_KEY = "agentrl_raw_text"
 """``AIMessage.additional_kwargs`` key holding the exact text the model generated."""

@@ -1,7 +1,7 @@
 """`agentrl serve` as a real subprocess on 127.0.0.1 (a free port), waited for on ``/health``.
 
-``served`` is one tiny-random server with LoRA slots and an API key, shared by the HTTP tests of the session;
-tests that kill or train against a server start their own with `start_server`.
+The ``served`` fixture (tests/conftest.py) is one tiny-random server with LoRA slots and an API key, shared by the
+HTTP tests of the session; tests that kill or train against a server start their own with `start_server`.
 """
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
 
 API_KEY = "test-key-123"
 LORA_ARGS = ("--lora-rank", "8", "--lora-alpha", "16", "--lora-target-modules", "q_proj", "v_proj")
@@ -78,11 +76,3 @@ def start_server(log_dir: Path, *args: str, model: str = "tiny-random", api_key:
         time.sleep(0.2)
     server.stop()
     raise RuntimeError(f"agentrl serve did not become healthy in {timeout} s:\n{server.output()}")
-
-
-@pytest.fixture(scope="session")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A shared tiny-random server with LoRA slots (r=8, alpha=16, q/v) and an API key."""
-    server = start_server(tmp_path_factory.mktemp("serve"), *LORA_ARGS, api_key=API_KEY)
-    yield server
-    server.stop()

@@ -12,7 +12,7 @@ import torch
 
 from agentrl.models.loading import build_tiny_tokenizer
 from agentrl.models.policy import LoRASettings, Policy
-from tests.rollout.conftest import API_KEY, Server, start_server
+from tests.support.server import API_KEY, Server, start_server
 
 PROMPT = [1, 87, 85, 71, 84, 201, 74, 75, 2, 201, 1, 67]
 LORA = LoRASettings(r=8, alpha=16, target_modules=["q_proj", "v_proj"])

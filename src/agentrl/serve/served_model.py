@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentrl.engines.hf import HFEngine
 from agentrl.models.policy import Policy, unwrap
-from agentrl.rollout.hf import HFEngine
 
 _SAVED_KEY = re.compile(r"^(.*\.lora_[AB])\.weight$")
 _ADAPTER = "default"  # the peft adapter slot of the served model

@@ -18,11 +18,11 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
+from agentrl.engines.base import SamplingParams
+from agentrl.engines.vllm import EngineProtocolError, VLLMEngine, completion_request, parse_completion
 from agentrl.models.policy import LoRASettings, Policy
-from agentrl.rollout.engine import SamplingParams
-from agentrl.rollout.vllm import EngineProtocolError, VLLMEngine, completion_request, parse_completion
-from tests.rollout import vllm_protocol as v
-from tests.rollout.conftest import Server
+from tests.serve import vllm_protocol as v
+from tests.support.server import Server
 
 LORA = LoRASettings(r=8, alpha=16, target_modules=["q_proj", "v_proj"])
 PROMPT = [1, 87, 85, 71, 84, 201, 74, 75, 2, 201, 1, 67]

@@ -8,9 +8,9 @@ import asyncio
 import pytest
 import torch
 
+from agentrl.engines.base import Completion, SamplingParams
+from agentrl.engines.hf import HFEngine
 from agentrl.models.policy import Policy
-from agentrl.rollout.engine import Completion, SamplingParams
-from agentrl.rollout.hf import HFEngine
 
 
 def _prompt(n: int, seed: int) -> list[int]:

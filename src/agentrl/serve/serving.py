@@ -11,7 +11,7 @@ Semantics follow vLLM where it has them:
 * ``logprobs`` (completions) gives each sampled token's log-prob and, in ``top_logprobs``, the sampled token
   followed by the most likely ones, ``logprobs + 1`` entries at most; chat's ``top_logprobs: k`` lists k entries.
   The alternatives are scored by a teacher-forced pass over the completion (only when k > 0).
-* Log-probs are those of `agentrl.rollout.engine` (after temperature, before top-k/top-p), which is vLLM's
+* Log-probs are those of `agentrl.engines.base` (after temperature, before top-k/top-p), which is vLLM's
   ``--logprobs-mode processed_logprobs`` when top-k and top-p are off, and its default ``raw_logprobs`` at
   temperature 1.
 * ``n`` choices of one request use seeds ``seed, seed + 1, ...`` (vLLM draws them from one generator).
@@ -34,11 +34,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.agents.llm import render_prompt, template_renders_tools
-from agentrl.agents.tools import HermesToolParser
-from agentrl.rollout.engine import Completion, SamplingParams
-from agentrl.rollout.hf import HFEngine
-from agentrl.rollout.openai_protocol import (
+from agentrl.chat.render import render_prompt, template_renders_tools
+from agentrl.chat.tools import HermesToolParser
+from agentrl.engines.base import Completion, SamplingParams
+from agentrl.engines.hf import HFEngine
+from agentrl.serve.openai_protocol import (
     ChatCompletionLogProb,
     ChatCompletionLogProbs,
     ChatCompletionLogProbsContent,
@@ -51,7 +51,7 @@ from agentrl.rollout.openai_protocol import (
     ToolChoice,
     random_id,
 )
-from agentrl.rollout.served_model import ServedModel, ServeError
+from agentrl.serve.served_model import ServedModel, ServeError
 
 _FLOOR = -9999.0  # vLLM's JSON-safe stand-in for -inf
 

@@ -10,13 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from agentrl.agents.tools import HermesToolParser
+from agentrl.chat.tools import HermesToolParser
+from agentrl.engines.base import Completion, SamplingParams
+from agentrl.engines.hf import HFEngine
 from agentrl.models.policy import Policy
-from agentrl.rollout.engine import Completion, SamplingParams
-from agentrl.rollout.hf import HFEngine
-from agentrl.rollout.openai_protocol import ChatCompletionNamedToolChoiceParam, unsupported_fields
-from agentrl.rollout.served_model import ServeError
-from agentrl.rollout.serving import GenSpec, forced_prefix, json_object_end, present_text, render_chat
+from agentrl.serve.openai_protocol import ChatCompletionNamedToolChoiceParam, unsupported_fields
+from agentrl.serve.served_model import ServeError
+from agentrl.serve.serving import GenSpec, forced_prefix, json_object_end, present_text, render_chat
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add", "parameters": {"type": "object"}}}]
 

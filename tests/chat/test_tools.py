@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentrl.agents.tools import HermesToolParser
+from agentrl.chat.tools import HermesToolParser
 
 
 def test_parse_valid_and_invalid_calls() -> None:

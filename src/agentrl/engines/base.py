@@ -1,7 +1,7 @@
 """The rollout-engine protocol: token ids in, token ids and log-probs out.
 
-Two engines implement it: `agentrl.rollout.hf.HFEngine` (in process, the default, CPU works) and
-`agentrl.rollout.vllm.VLLMEngine` (HTTP client of vLLM's OpenAI-compatible server). Agents never see an engine
+Two engines implement it: `agentrl.engines.hf.HFEngine` (in process, the default, CPU works) and
+`agentrl.engines.vllm.VLLMEngine` (HTTP client of vLLM's OpenAI-compatible server). Agents never see an engine
 directly: they talk to an `agentrl.agents.llm.LLMClient`, which renders chat messages to token ids and records
 every call as a `Turn`.
 
@@ -102,5 +102,5 @@ class RolloutEngine(Protocol):
     async def update_weights(self, policy: Any, *, version: int | None = None) -> None:
         """Make the engine serve the policy's current weights; ``version`` becomes the new version (default: the
         current one + 1; a resumed run passes its restored count). Async because a remote engine pushes weights
-        over HTTP; run it on the rollout loop (`agentrl.rollout.runtime.RolloutRuntime`)."""
+        over HTTP; run it on the rollout loop (`agentrl.collect.runtime.RolloutRuntime`)."""
         ...

@@ -1,15 +1,15 @@
 """``agentrl serve``: the embedded engine behind a vLLM-compatible HTTP API (FastAPI + uvicorn).
 
-It lets the HTTP rollout path (`agentrl.rollout.vllm.VLLMEngine`) and agents written for any OpenAI-compatible
+It lets the HTTP rollout path (`agentrl.engines.vllm.VLLMEngine`) and agents written for any OpenAI-compatible
 endpoint run on a machine without a GPU, and it is what the HTTP tests run against. Endpoints, with vLLM's
-request and response shapes (`agentrl.rollout.openai_protocol`):
+request and response shapes (`agentrl.serve.openai_protocol`):
 
 * ``GET /health`` (never needs the key), ``GET /v1/models``;
 * ``POST /v1/completions`` — a text or token-id prompt (or a list of them), ``logprobs``, ``return_token_ids``,
   ``n``, ``seed``, ``stop``, ``stop_token_ids``, ``max_tokens``, ``temperature``, ``top_p``, ``top_k``;
-* ``POST /v1/chat/completions`` — messages and tools (Hermes tool calls; see `agentrl.rollout.serving`);
+* ``POST /v1/chat/completions`` — messages and tools (Hermes tool calls; see `agentrl.serve.serving`);
 * ``POST /v1/load_lora_adapter`` / ``POST /v1/unload_lora_adapter`` — hot-load a peft adapter folder into the
-  served model (``--lora-rank``); one adapter is resident at a time (see `agentrl.rollout.served_model`).
+  served model (``--lora-rank``); one adapter is resident at a time (see `agentrl.serve.served_model`).
 
 The engine runs on the server's event loop; forward passes run in worker threads. The server binds 127.0.0.1
 unless told otherwise; with ``--api-key`` (or ``AGENTRL_API_KEY``) every ``/v1`` request needs
@@ -37,8 +37,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from agentrl.agents.tools import HermesToolParser
-from agentrl.rollout.openai_protocol import (
+from agentrl.chat.tools import HermesToolParser
+from agentrl.engines.vllm import API_KEY_ENV  # one name for the key on both sides of the protocol
+from agentrl.serve.openai_protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
@@ -54,8 +55,8 @@ from agentrl.rollout.openai_protocol import (
     error_body,
     unsupported_fields,
 )
-from agentrl.rollout.served_model import ServedModel, ServeError
-from agentrl.rollout.serving import (
+from agentrl.serve.served_model import ServedModel, ServeError
+from agentrl.serve.serving import (
     Generation,
     chat_logprobs,
     chat_message,
@@ -68,7 +69,6 @@ from agentrl.rollout.serving import (
     generate,
     render_chat,
 )
-from agentrl.rollout.vllm import API_KEY_ENV  # one name for the key on both sides of the protocol
 
 log = logging.getLogger(__name__)
 _GUARDED = ("/v1",)

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.agents.base import Agent, EpisodeTruncated, Task
-from agentrl.agents.llm import LLMClient, Replay, derive_seed
-from agentrl.agents.tools import HermesToolParser, ToolParser
-from agentrl.rollout.engine import RolloutEngine, SamplingParams
+from agentrl.agents.llm import LLMClient, Replay
+from agentrl.chat.tools import HermesToolParser, ToolParser
+from agentrl.engines.base import RolloutEngine, SamplingParams
+from agentrl.seeding import derive_seed
 from agentrl.types import Trajectory
 
 log = logging.getLogger(__name__)

@@ -17,18 +17,18 @@ from safetensors.torch import load_file
 
 from agentrl.agents.base import Outcome, Task
 from agentrl.agents.llm import LLMClient
-from agentrl.models.policy import LoRASettings, Policy
-from agentrl.rollout.collector import CollectionError, Collector
-from agentrl.rollout.engine import Completion, SamplingParams
-from agentrl.rollout.hf import HFEngine
-from agentrl.rollout.vllm import (
+from agentrl.collect.collector import CollectionError, Collector
+from agentrl.engines.base import Completion, SamplingParams
+from agentrl.engines.hf import HFEngine
+from agentrl.engines.vllm import (
     EngineRequestError,
     EngineUnavailable,
     FullWeightSyncUnsupported,
     VLLMEngine,
     VLLMEngineSpec,
 )
-from tests.rollout.conftest import LORA_ARGS, Server, free_port, start_server
+from agentrl.models.policy import LoRASettings, Policy
+from tests.support.server import LORA_ARGS, Server, free_port, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 LORA = LoRASettings(r=8, alpha=16, target_modules=["q_proj", "v_proj"])

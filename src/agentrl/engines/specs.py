@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from agentrl.rollout.engine import RolloutEngine
+from agentrl.engines.base import RolloutEngine
 
 
 @runtime_checkable
@@ -18,7 +18,7 @@ class EngineSpec(Protocol):
 
 
 class HFEngineSpec:
-    """The embedded in-process engine (`agentrl.rollout.hf.HFEngine`).
+    """The embedded in-process engine (`agentrl.engines.hf.HFEngine`).
 
     Args:
         max_batch_size: Most sequences decoded together.
@@ -36,7 +36,7 @@ class HFEngineSpec:
         self.max_context = max_context
 
     def build(self, policy: Any) -> RolloutEngine:
-        from agentrl.rollout.hf import HFEngine
+        from agentrl.engines.hf import HFEngine
 
         return HFEngine(policy, max_batch_size=self.max_batch_size, prefix_cache_tokens=self.prefix_cache_tokens,
                         max_context=self.max_context)

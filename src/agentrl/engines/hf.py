@@ -6,7 +6,7 @@
   admitted as soon as a slot is free (``max_batch_size``) and leaves as soon as it stops, without waiting for the
   rest of the batch (static batching, as ``model.generate`` does, waits for the longest).
 * **Prefix KV reuse.** A prompt that starts with the exact token ids of a stored prompt or finished turn reuses
-  their KV and prefills only the new tokens (see `agentrl.rollout.kvcache.PrefixStore`). In a multi-turn episode
+  their KV and prefills only the new tokens (see `agentrl.engines.kvcache.PrefixStore`). In a multi-turn episode
   turn k+1's prompt is turn k's prompt + response + the new observation, so the conversation is not re-read.
 * **Per-request seeded sampling.** Each request samples from its own ``torch.Generator``, so its tokens do not
   depend on which other requests share the batch.
@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentrl.engines.base import Completion, SamplingParams
+from agentrl.engines.kvcache import KV, BatchKV, PrefixStore, cache_kv, make_cache
 from agentrl.models.policy import Policy
-from agentrl.rollout.engine import Completion, SamplingParams
-from agentrl.rollout.kvcache import KV, BatchKV, PrefixStore, cache_kv, make_cache
 from agentrl.types import FinishReason
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@
   ``stop_token_ids`` with ``ignore_eos: true``, so the completion stops on exactly those ids, as `HFEngine` does
   (vLLM still adds stop ids from the model's ``generation_config.json``, if it lists any).
 * **Log-probs.** vLLM's default ``--logprobs-mode raw_logprobs`` reports the model's distribution before
-  temperature; agentrl's convention (`agentrl.rollout.engine`) is after temperature. They agree at temperature 1
+  temperature; agentrl's convention (`agentrl.engines.base`) is after temperature. They agree at temperature 1
   (the default); for another temperature start vLLM with ``--logprobs-mode processed_logprobs`` and keep top-k and
   top-p off. ``agentrl serve`` always follows agentrl's convention.
 * **Servers.** Several base URLs can be given; each session (episode) is pinned to one server by a stable hash of
@@ -38,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from agentrl.rollout.engine import Completion, RolloutEngine, SamplingParams
+from agentrl.engines.base import Completion, RolloutEngine, SamplingParams
 from agentrl.types import FinishReason
 
 log = logging.getLogger(__name__)

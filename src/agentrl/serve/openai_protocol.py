@@ -6,7 +6,7 @@ Field names, types and nesting follow vLLM's own pydantic models, read from the 
 (``ChatCompletionRequest``, ``ChatCompletionResponse``, ``ChatMessage``, ``ChatCompletionLogProbs``),
 ``vllm/entrypoints/generate/base/protocol.py`` (``ToolCall``, ``FunctionCall``),
 ``vllm/entrypoints/serve/engine/protocol.py`` (``ErrorResponse``, ``ModelList``, ``UsageInfo``) and
-``vllm/entrypoints/serve/lora/protocol.py`` (``LoadLoRAAdapterRequest``). ``tests/rollout/vllm_protocol.py`` holds an
+``vllm/entrypoints/serve/lora/protocol.py`` (``LoadLoRAAdapterRequest``). ``tests/serve/vllm_protocol.py`` holds an
 independent copy of those models that the conformance tests validate against.
 
 Requests declare only the fields ``agentrl serve`` implements. Like vLLM, other fields are accepted and ignored,

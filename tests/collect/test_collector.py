@@ -10,11 +10,11 @@ import pytest
 from agentrl.agents.base import Outcome, Task
 from agentrl.agents.env_agent import EnvAgent
 from agentrl.agents.llm import LLMClient
+from agentrl.collect.collector import CollectionError, Collector
+from agentrl.engines.base import SamplingParams
+from agentrl.engines.hf import HFEngine
 from agentrl.envs import FrozenLakeEnv, GuessNumberEnv
 from agentrl.models.policy import Policy
-from agentrl.rollout.collector import CollectionError, Collector
-from agentrl.rollout.engine import SamplingParams
-from agentrl.rollout.hf import HFEngine
 from agentrl.types import Trajectory
 
 SAMPLING = SamplingParams(max_tokens=6)
