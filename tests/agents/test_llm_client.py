@@ -11,6 +11,7 @@ from agentrl.agents.llm import LLMClient
 from agentrl.engines.base import Completion, SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.models.policy import Policy
+from agentrl.seeding import derive_seed
 
 
 class RecordingEngine(HFEngine):
@@ -19,9 +20,11 @@ class RecordingEngine(HFEngine):
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.received: list[list[int]] = []
+        self.seeds: list[int | None] = []
 
     async def generate(self, prompt_ids, sampling, *, session=None) -> Completion:  # type: ignore[no-untyped-def]
         self.received.append(list(prompt_ids))
+        self.seeds.append(sampling.seed)
         return await super().generate(prompt_ids, sampling, session=session)
 
 
@@ -58,6 +61,7 @@ def test_concurrent_calls_of_one_episode_are_separate_turns(tiny_policy: Policy)
     asyncio.run(episode())
     assert [t.index for t in llm.turns] == [0, 1]
     assert [t.prompt_ids for t in llm.turns] == engine.received
+    assert engine.seeds == [derive_seed(4, 0), derive_seed(4, 1)]  # the episode seed, then the turn index
     assert all(len(t.logprobs) == len(t.response_ids) for t in llm.turns)
 
 

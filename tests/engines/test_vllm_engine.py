@@ -7,7 +7,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -130,13 +129,20 @@ def test_sessions_are_pinned_to_one_server() -> None:
     assert set(picks.values()) == set(urls)  # and spread over every server
 
 
-def test_unreachable_server_raises_engine_unavailable_after_retries() -> None:
+def test_unreachable_server_raises_engine_unavailable_after_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     engine = VLLMEngine([url], retries=2, backoff=0.1, max_context=64, model="m")
-    start = time.perf_counter()
+    waits: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def recording_sleep(delay: float) -> None:
+        waits.append(delay)
+        await real_sleep(0)
+
+    monkeypatch.setattr("agentrl.engines.vllm.asyncio.sleep", recording_sleep)
     with pytest.raises(EngineUnavailable, match=rf"{url} is unavailable after 3 attempt"):
         asyncio.run(engine.generate([1, 2, 3], SamplingParams(max_tokens=2)))
-    assert time.perf_counter() - start >= 0.3  # backoff 0.1 + 0.2 s
+    assert waits == [0.1, 0.2]  # exponential backoff between the three attempts
 
 
 class _KillingAgent:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import torch
 from torch.testing import assert_close
 
@@ -15,7 +16,7 @@ from agentrl.engines.hf import HFEngine
 from agentrl.envs import FrozenLakeEnv
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
-from agentrl.training.batching import TurnTargets, collate, micro_batches, pack_rows, token_counts
+from agentrl.training.batching import TurnTargets, collate, micro_batches, pack_rows, score_turns, token_counts
 
 
 def _trajectories(policy: Policy) -> list:  # type: ignore[type-arg]
@@ -24,17 +25,15 @@ def _trajectories(policy: Policy) -> list:  # type: ignore[type-arg]
     return asyncio.run(col.collect_groups([Task("a", 1), Task("b", 2)], 2, step=0))
 
 
-def _score(policy: Policy, critic: TurnCritic, rows: list) -> dict[int, tuple]:  # type: ignore[type-arg]
-    out = {}
-    batch = collate(rows, 0)
-    with torch.no_grad():
+def _score(policy: Policy, critic: TurnCritic, rows: list, budget: int = 10**6) -> dict:  # type: ignore[type-arg]
+    """Per turn key: (log-probs, entropies, values), through `score_turns` (the trainer's one slicing place)."""
+    def score(batch):  # type: ignore[no-untyped-def]
         lp = policy.logprobs(batch, with_entropy=True)
-        values = critic(batch.input_ids, batch.attention_mask)
-    for i, row in enumerate(rows):
-        for tid, turn, _ in row.turns:
-            s = slice(len(turn.prompt_ids), turn.num_tokens)
-            out[tid] = (lp.logprobs[i, s], lp.entropy[i, s], values[i, s])  # type: ignore[index]
-    return out
+        return torch.stack([lp.logprobs, lp.entropy, critic(batch.input_ids, batch.attention_mask)], dim=-1)
+
+    with torch.no_grad():
+        scored = score_turns(rows, budget, 0, torch.device("cpu"), score)
+    return {key: tuple(v.unbind(-1)) for key, v in scored.items()}
 
 
 def test_packed_rows_equal_per_turn_rows(tiny_policy: Policy) -> None:
@@ -47,9 +46,12 @@ def test_packed_rows_equal_per_turn_rows(tiny_policy: Policy) -> None:
     assert n_packed == sum(len(r.ids) for r in packed) and n_single == sum(len(r.ids) for r in single)
     assert n_packed < n_single
     critic = TurnCritic(tiny_policy)
-    a, b = _score(tiny_policy, critic, packed), _score(tiny_policy, critic, single)
-    for tid in a:
-        for x, y in zip(a[tid], b[tid], strict=True):
+    a, b = _score(tiny_policy, critic, packed), _score(tiny_policy, critic, single, budget=64)
+    assert set(a) == set(b) == set(targets)  # every targeted turn scored, whatever the rows and micro-batches
+    for key in targets:
+        turn = trajs[key[0]].turns[key[1]]
+        assert a[key][0].shape == (len(turn.response_ids),)
+        for x, y in zip(a[key], b[key], strict=True):
             assert_close(x, y, atol=2e-5, rtol=1e-5)
     # the engine's log-probs are the behaviour log-probs stored in the batch
     batch = collate(packed, 0)
@@ -68,6 +70,12 @@ def test_only_targeted_turns_are_trained(tiny_policy: Policy) -> None:
     expected[0, len(turn.prompt_ids) : turn.num_tokens] = True
     assert torch.equal(batch.response_mask, expected)
     assert len(rows[0].ids) == turn.num_tokens  # the row ends with the last trained turn
+
+
+def test_pack_rows_refuses_keys_that_name_no_turn(tiny_policy: Policy) -> None:
+    trajs = _trajectories(tiny_policy)
+    with pytest.raises(ValueError, match=r"not in the trajectories: \[\(0, 99\)\]"):
+        pack_rows(trajs, {(0, 0): TurnTargets(0.0), (0, 99): TurnTargets(0.0)})
 
 
 def test_micro_batches_respect_budget_and_keep_every_row(tiny_policy: Policy) -> None:

@@ -8,7 +8,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -129,13 +128,12 @@ def test_every_shipped_config_parses(config: Path, tmp_path: Path) -> None:
     ids=["negative-lr", "unknown-key", "wrong-type", "batch-smaller-than-group"],
 )
 def test_bad_config_stops_before_work_naming_the_key(tmp_path: Path, args: list[str], expected: str) -> None:
-    start = time.perf_counter()
     proc = _fit(tmp_path, "--config", str(ROOT / "configs/smoke/turn_ppo.yaml"), *args, timeout=120)
     assert proc.returncode != 0
     assert expected in proc.stderr
-    assert "step 1:" not in proc.stderr + proc.stdout
+    out = proc.stderr + proc.stdout
+    assert "step 1:" not in out and "evaluation on" not in out  # no rollout, not even the base evaluation
     assert not (tmp_path / "checkpoints").exists()
-    assert time.perf_counter() - start < 60
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import pytest
@@ -59,35 +59,52 @@ def test_packing_does_not_change_the_update() -> None:
         assert_close(single[name], g, atol=1e-6, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
 
 
-class RecordingTurnPPO(TurnPPO):
-    """Turn-PPO that checks its advantages came from the critic as it was before the update."""
+class PreUpdateCheck:
+    """A `Learner` that forwards to the real module and, at each ``update``, checks that the targets it is handed
+    hold the critic's values from *before* that update: after the update it scores the same turns with a copy of
+    the pre-update critic (must equal the targets' ``old_values``) and with the updated critic (must differ)."""
 
-    checked = 0
+    def __init__(self, module: AgentRLModule) -> None:
+        self.module = module
+        self.checked = 0
 
-    def step(self, module: AgentRLModule, tasks: list[Any]) -> dict[str, float]:
-        trajs = module.collect(module.collector.collect_groups(tasks, 1, step=module.rl_step))
-        ok = [t for t in trajs if not t.failed]
-        frozen = TurnCritic(module.policy)
-        frozen.load_state_dict(module.critic.state_dict())  # type: ignore[union-attr]
-        targets, _ = self.targets(module, ok)
-        metrics = module.update(ok, targets, self.ppo)
-        # recompute with the pre-update copy: same advantages; with the updated critic: different values
-        module_critic = module.critic
-        module.critic = frozen
-        again, _ = self.targets(module, ok)
-        module.critic = module_critic
-        after, _ = self.targets(module, ok)
-        assert all(again[k].advantage == targets[k].advantage for k in targets)
-        assert any(after[k].old_values != targets[k].old_values for k in targets)
-        RecordingTurnPPO.checked += 1
-        module.push_weights()
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.module, name)
+
+    def update(self, trajectories: Any, targets: dict[Any, Any], ppo: Any, *, tag: str = "") -> dict[str, float]:
+        m = self.module
+        assert m.critic is not None
+        frozen = TurnCritic(m.policy)
+        frozen.load_state_dict(m.critic.state_dict())
+        metrics = m.update(trajectories, targets, ppo, tag=tag)
+        keys = list(targets)
+        assert keys
+        after = m.values(trajectories, keys)
+        live, m.critic = m.critic, frozen
+        before = m.values(trajectories, keys)
+        m.critic = live
+        assert all(abs(before[k][0] - targets[k].old_values) < 1e-6 for k in keys)
+        assert any(abs(after[k][0] - targets[k].old_values) > 1e-6 for k in keys)
+        self.checked += 1
         return metrics
 
 
+class CheckedTurnPPO(TurnPPO):
+    """The real Turn-PPO step, run against `PreUpdateCheck` instead of the module itself."""
+
+    learners: ClassVar[list[PreUpdateCheck]] = []
+
+    def step(self, learner: Any, tasks: list[Any]) -> dict[str, float]:
+        spy = PreUpdateCheck(learner)
+        CheckedTurnPPO.learners.append(spy)
+        return super().step(spy, tasks)
+
+
 def test_advantages_use_values_from_before_the_update() -> None:
-    module = make_module(RecordingTurnPPO(ppo=PPOSettings(epochs=2)), optim=None)
+    CheckedTurnPPO.learners = []
+    module = make_module(CheckedTurnPPO(ppo=PPOSettings(epochs=2)), optim=None)
     fit(module, letter_data(steps=2))
-    assert RecordingTurnPPO.checked == 2
+    assert [spy.checked for spy in CheckedTurnPPO.learners] == [1, 1]
 
 
 class VersionProbe(pl.Callback):

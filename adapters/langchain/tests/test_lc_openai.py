@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from agentrl_langchain_examples.search_agent import (
+    SEARCH_BONUS,
     SYSTEM_PROMPT,
     SearchQATasks,
     answer,
@@ -83,7 +84,9 @@ def test_the_agent_runs_on_chat_openai(server_url: str) -> None:
     final = result["messages"][-1]
     assert isinstance(final, AIMessage) and final.usage_metadata is not None
     assert final.usage_metadata["output_tokens"] <= 16
-    assert reward(task, result).reward >= 0.0
+    score = reward(task, result)  # the reward reads the ChatOpenAI result as it reads the agentrl chat model's
+    assert score.info["gold"] == task.data["answer"] and 0.0 <= score.info["f1"] <= 1.0
+    assert score.reward == pytest.approx(score.info["f1"] + SEARCH_BONUS * score.info["searched"])
 
 
 def test_server_and_trainer_render_a_tool_conversation_identically(server_url: str, tiny_policy: Policy) -> None:

@@ -12,12 +12,23 @@ replaying the trunk's first k steps.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 from agentrl.agents.base import Outcome, Task
 from agentrl.agents.llm import LLMClient
 from agentrl.chat.render import Message
 from agentrl.envs.base import SnapshotEnv, TextEnv
+
+
+@dataclass(frozen=True)
+class EnvAgentState:
+    """`EnvAgent`'s state at a turn boundary (an RTPO snapshot): the environment's snapshot, the first observation
+    and the (reply, observation) exchanges so far."""
+
+    env_state: Any
+    first: Message
+    exchanges: list[Message]
 
 
 class EnvAgent:
@@ -57,14 +68,15 @@ class EnvAgent:
         system: Message = {"role": "system", "content": env.system_prompt}
         exchanges: list[Message] = []
         if snapshots and llm.replay is not None and llm.replay.snapshot is not None:
-            env_state, first, exchanges = llm.fast_forward()
-            env.restore(env_state)  # type: ignore[attr-defined]
+            state: EnvAgentState = llm.fast_forward()
+            env.restore(state.env_state)  # type: ignore[attr-defined]
+            first, exchanges = state.first, list(state.exchanges)
         else:
             first = {"role": "user", "content": env.reset(task.seed)}
         info: dict[str, Any] = {"format_errors": 0}
         for _ in range(len(llm.turns), self.max_turns):
             if snapshots:
-                llm.record_snapshot((env.snapshot(), first, list(exchanges)))  # type: ignore[attr-defined]
+                llm.record_snapshot(EnvAgentState(env.snapshot(), first, list(exchanges)))  # type: ignore[attr-defined]
             reply = await llm.chat(self._context(system, first, exchanges))
             result = env.step(reply.text)
             llm.reward(result.reward)

@@ -39,12 +39,25 @@ class Replay:
     Attributes:
         turns: The trunk's turns; turns ``< branch_turn`` are replayed, turn ``branch_turn``'s prompt is checked.
         branch_turn: k, the first turn sampled fresh.
-        snapshot: What the agent recorded at boundary k with `LLMClient.record_snapshot` (fast path), or None.
+        snapshot: What the client recorded at boundary k (`LLMClient.record_snapshot`, fast path), or None.
     """
 
     turns: list[Turn]
     branch_turn: int
-    snapshot: Any = None
+    snapshot: BoundarySnapshot | None = None
+
+
+@dataclass(frozen=True)
+class BoundarySnapshot:
+    """What `LLMClient.record_snapshot` keeps at a turn boundary for fast RTPO branching.
+
+    Attributes:
+        messages: The conversation the client had rendered before this boundary (its rendering state).
+        agent_state: The agent's own state (e.g. `EnvAgent`'s environment snapshot and visible messages).
+    """
+
+    messages: list[Message]
+    agent_state: Any
 
 
 @dataclass
@@ -104,7 +117,7 @@ class LLMClient:
     replay: Replay | None = None
     max_turns: int | None = None
     turns: list[Turn] = field(default_factory=list)
-    snapshots: dict[int, Any] = field(default_factory=dict)
+    snapshots: dict[int, BoundarySnapshot] = field(default_factory=dict)
     prefix_breaks: int = 0
     _prev: _Previous | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
@@ -153,7 +166,7 @@ class LLMClient:
         """Store agent state at the current boundary (before the next call) for fast RTPO branching; the
         client keeps its own rendering state beside it."""
         previous = self._prev.messages if self._prev is not None else []
-        self.snapshots[len(self.turns)] = (list(previous), state)
+        self.snapshots[len(self.turns)] = BoundarySnapshot(list(previous), state)
 
     def fast_forward(self) -> Any:
         """Adopt the trunk's turns before the branch turn without replaying them; returns the agent's snapshot.
@@ -170,12 +183,12 @@ class LLMClient:
                                    reward=t.reward, finish_reason=t.finish_reason, policy_version=t.policy_version,
                                    forced=True, messages=t.messages, text=t.text, tool_calls=t.tool_calls))
         # a copy: every sibling of the trunk gets the same snapshot and may mutate what it restores
-        snapshot_messages, agent_state = copy.deepcopy(self.replay.snapshot)
+        snapshot = copy.deepcopy(self.replay.snapshot)
         if k > 0:
             last = self.turns[-1]
-            self._prev = _Previous(snapshot_messages, last.prompt_ids, last.response_ids,
+            self._prev = _Previous(snapshot.messages, last.prompt_ids, last.response_ids,
                                    self.tokenizer.decode(last.prompt_ids + last.response_ids))
-        return agent_state
+        return snapshot.agent_state
 
     # ------------------------------------------------------------------ rendering
 

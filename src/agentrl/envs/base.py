@@ -16,8 +16,9 @@ restored once per sibling, so a snapshot must be immutable or copied by ``restor
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 
 @dataclass
@@ -73,3 +74,29 @@ def format_error(observation: str, penalty: float, truncated: bool) -> StepResul
     if truncated:
         info["success"] = False
     return StepResult(observation, penalty, False, truncated, info)
+
+
+class EpisodeSnapshots:
+    """``snapshot()`` / ``restore()`` for an environment whose whole episode state is one dataclass held in
+    ``self._episode`` (None before the first reset). A frozen dataclass is shared as it is; a mutable one (e.g. one
+    holding a random generator) is copied on the way out and on the way in, so one snapshot can be restored by
+    every sibling."""
+
+    _episode: Any
+    episode_type: ClassVar[type]
+
+    def snapshot(self) -> Any:
+        """The episode state at this boundary."""
+        return self._episode if _frozen(self._episode) else copy.deepcopy(self._episode)
+
+    def restore(self, state: Any) -> None:
+        """Restore a state returned by `snapshot`."""
+        if state is not None and not isinstance(state, self.episode_type):
+            raise TypeError(f"expected a {type(self).__name__} snapshot ({self.episode_type.__name__}), "
+                            f"got {type(state).__name__}")
+        self._episode = state if _frozen(state) else copy.deepcopy(state)
+
+
+def _frozen(state: Any) -> bool:
+    params = getattr(state, "__dataclass_params__", None)
+    return state is None or (params is not None and bool(params.frozen))

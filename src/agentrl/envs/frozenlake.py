@@ -16,15 +16,13 @@ failure), 0.0 otherwise. Walking into the edge leaves the agent in place.
 
 from __future__ import annotations
 
-import copy
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from agentrl.envs.base import StepResult, format_error
+from agentrl.envs.base import EpisodeSnapshots, StepResult, format_error
 
 ACTIONS: dict[str, tuple[int, int]] = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
 _ORDER = ("left", "down", "right", "up")  # gymnasium's action numbering 0..3
@@ -103,7 +101,7 @@ class _LakeState:
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 
 
-class FrozenLakeEnv:
+class FrozenLakeEnv(EpisodeSnapshots):
     """Walk from the top-left corner to the goal without falling into a hole.
 
     Args:
@@ -115,6 +113,8 @@ class FrozenLakeEnv:
         prompt_example: Put one example reply in the system prompt (SmolLM2-135M's valid replies on 2 x 2: 36 % with
             it, 17 % without; docs/examples/base_success.md).
     """
+
+    episode_type = _LakeState
 
     def __init__(
         self,
@@ -144,18 +144,18 @@ class FrozenLakeEnv:
             self.system_prompt += " The ice is slippery: you may slide sideways."
         if prompt_example:
             self.system_prompt += "\nExample reply: right"
-        self._state = _LakeState()
+        self._episode = _LakeState()
 
     def reset(self, seed: int) -> str:
         """Draw a solvable map from ``seed`` and return its rendering."""
         rng = np.random.default_rng(seed)
         grid = generate_map(self.size, self.holes, rng)
-        self._state = _LakeState(grid=grid, started=True, rng=rng)
+        self._episode = _LakeState(grid=grid, started=True, rng=rng)
         return f"{self.render()}\nYour move:"
 
     def render(self) -> str:
         """The lake as text: ``P`` player, ``G`` goal, ``H`` hole, ``.`` frozen."""
-        state = self._state
+        state = self._episode
         rows = []
         for r, line in enumerate(state.grid):
             cells = ["P" if (r, c) == state.pos else {"H": "H", "G": "G"}.get(ch, ".") for c, ch in enumerate(line)]
@@ -164,7 +164,7 @@ class FrozenLakeEnv:
 
     def step(self, action: str) -> StepResult:
         """Move by the first direction word in ``action``."""
-        state = self._state
+        state = self._episode
         if not state.started or state.done:
             raise RuntimeError("FrozenLakeEnv.step called before reset() or after the episode ended")
         state.turn += 1
@@ -196,14 +196,4 @@ class FrozenLakeEnv:
         if not self.slippery:
             return move
         i = _ORDER.index(move)
-        return _ORDER[(i + int(self._state.rng.integers(-1, 2))) % 4]
-
-    def snapshot(self) -> _LakeState:
-        """Copy of the episode state, including the slip generator."""
-        return copy.deepcopy(self._state)
-
-    def restore(self, state: Any) -> None:
-        """Restore a state returned by `snapshot` (copied again, so a snapshot can be restored many times)."""
-        if not isinstance(state, _LakeState):
-            raise TypeError(f"expected a FrozenLakeEnv snapshot, got {type(state).__name__}")
-        self._state = copy.deepcopy(state)
+        return _ORDER[(i + int(self._episode.rng.integers(-1, 2))) % 4]

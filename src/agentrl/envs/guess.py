@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
-from agentrl.envs.base import StepResult, format_error
+from agentrl.envs.base import EpisodeSnapshots, StepResult, format_error
 
 _INT = re.compile(r"-?\d+")
 _MAX_RANGE = 1_000_000
@@ -34,7 +33,7 @@ class _GuessState:
     started: bool = False
 
 
-class GuessNumberEnv:
+class GuessNumberEnv(EpisodeSnapshots):
     """Guess a hidden integer in ``[low, high]`` with higher/lower feedback.
 
     Args:
@@ -46,6 +45,8 @@ class GuessNumberEnv:
             the example number, and its base success was lower with it (1..10: 12 % vs 19 %; 1..5: 31 % vs 47 %;
             docs/examples/base_success.md).
     """
+
+    episode_type = _GuessState
 
     def __init__(
         self,
@@ -71,12 +72,12 @@ class GuessNumberEnv:
         )
         if prompt_example:
             self.system_prompt += f"\nExample reply: {(low + high) // 2}"
-        self._state = _GuessState(target=low)
+        self._episode = _GuessState(target=low)
 
     def reset(self, seed: int) -> str:
         """Draw the hidden number from ``seed`` and return the first observation."""
         target = int(np.random.default_rng(seed).integers(self.low, self.high + 1))
-        self._state = _GuessState(target=target, started=True)
+        self._episode = _GuessState(target=target, started=True)
         return (
             f"I am thinking of a number between {self.low} and {self.high}. "
             f"You have {self.max_turns} guesses. Your guess:"
@@ -84,20 +85,20 @@ class GuessNumberEnv:
 
     def step(self, action: str) -> StepResult:
         """Apply the first integer of ``action`` as a guess."""
-        state = self._state
+        state = self._episode
         if not state.started or state.done:
             raise RuntimeError("GuessNumberEnv.step called before reset() or after the episode ended")
         guess = self._parse(action)
         turn = state.turn + 1
         truncated = turn >= self.max_turns
         if guess is None:
-            self._state = replace(state, turn=turn, done=truncated)
+            self._episode = replace(state, turn=turn, done=truncated)
             obs = f"Invalid reply. Reply with one number between {self.low} and {self.high}, e.g. {self.low}."
             return format_error(obs, self.format_penalty, truncated)
         if guess == state.target:
-            self._state = replace(state, turn=turn, done=True)
+            self._episode = replace(state, turn=turn, done=True)
             return StepResult(f"{guess} is correct!", 1.0, True, False, {"format_error": False, "success": True})
-        self._state = replace(state, turn=turn, done=truncated)
+        self._episode = replace(state, turn=turn, done=truncated)
         hint = "higher" if state.target > guess else "lower"
         info = {"format_error": False}
         if truncated:
@@ -113,13 +114,3 @@ class GuessNumberEnv:
             return None
         value = int(match.group())
         return value if self.low <= value <= self.high else None
-
-    def snapshot(self) -> _GuessState:
-        """Return the episode state (immutable, so no copy is needed)."""
-        return self._state
-
-    def restore(self, state: Any) -> None:
-        """Restore a state returned by `snapshot`."""
-        if not isinstance(state, _GuessState):
-            raise TypeError(f"expected a GuessNumberEnv snapshot, got {type(state).__name__}")
-        self._state = state

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.chat.tools import HermesToolParser
-from agentrl.envs.base import StepResult
+from agentrl.envs.base import EpisodeSnapshots, StepResult
 
 _HERMES = HermesToolParser()
 _PLAIN = re.compile(
@@ -177,7 +177,7 @@ class _Episode:
     done: bool = False
 
 
-class SearchQAEnv:
+class SearchQAEnv(EpisodeSnapshots):
     """Answer a 1- or 2-hop question about invented entities by searching a BM25 index.
 
     Args:
@@ -190,6 +190,8 @@ class SearchQAEnv:
         corpus_path: JSONL corpus; "" for the shipped one.
         questions_path: JSONL questions; "" for the shipped ones.
     """
+
+    episode_type = _Episode
 
     def __init__(
         self,
@@ -267,13 +269,3 @@ class SearchQAEnv:
         body = format_hits(query, hits, self.max_obs_chars)
         tail = "Out of turns." if truncated else "Next: search[query] or answer[text]."
         return f"{body}\n{tail}"
-
-    def snapshot(self) -> _Episode | None:
-        """Return the episode state (immutable, so no copy is needed)."""
-        return self._episode
-
-    def restore(self, state: Any) -> None:
-        """Restore a state returned by `snapshot`."""
-        if state is not None and not isinstance(state, _Episode):
-            raise TypeError(f"expected a SearchQAEnv snapshot, got {type(state).__name__}")
-        self._episode = state

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.envs.base import StepResult, format_error
+from agentrl.envs.base import EpisodeSnapshots, StepResult, format_error
 
 CATEGORIES: dict[str, tuple[tuple[str, ...], int, int]] = {
     # category: (materials, min price, max price)
@@ -110,7 +110,7 @@ class _Episode:
     done: bool = False
 
 
-class ShopEnv:
+class ShopEnv(EpisodeSnapshots):
     """Find and buy the product an instruction describes.
 
     Args:
@@ -119,6 +119,8 @@ class ShopEnv:
         max_turns: Actions (format errors included) before truncation.
         format_penalty: Reward of an invalid action (should be <= 0).
     """
+
+    episode_type = _Episode
 
     def __init__(
         self, n_products: int = 200, catalog_seed: int = 0, max_turns: int = 6, format_penalty: float = -0.1
@@ -226,13 +228,3 @@ class ShopEnv:
         else:
             obs = "Invalid action. Reply with search[keywords], click[id] or buy[id], e.g. search[red t-shirt]."
         return format_error(obs, self.format_penalty, truncated)
-
-    def snapshot(self) -> _Episode | None:
-        """Return the episode state (immutable, so no copy is needed)."""
-        return self._episode
-
-    def restore(self, state: Any) -> None:
-        """Restore a state returned by `snapshot`."""
-        if state is not None and not isinstance(state, _Episode):
-            raise TypeError(f"expected a ShopEnv snapshot, got {type(state).__name__}")
-        self._episode = state

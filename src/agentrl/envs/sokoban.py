@@ -20,11 +20,10 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
-from agentrl.envs.base import StepResult, format_error
+from agentrl.envs.base import EpisodeSnapshots, StepResult, format_error
 
 Cell = tuple[int, int]
 
@@ -195,7 +194,7 @@ class _Episode:
     done: bool = False
 
 
-class SokobanEnv:
+class SokobanEnv(EpisodeSnapshots):
     """Push every box onto a target in a small generated room.
 
     Args:
@@ -205,6 +204,8 @@ class SokobanEnv:
         max_turns: Moves (format errors included) before truncation; rooms need at most this many moves.
         format_penalty: Reward of a reply without a direction word (should be <= 0).
     """
+
+    episode_type = _Episode
 
     def __init__(
         self,
@@ -281,13 +282,3 @@ class SokobanEnv:
         else:
             obs = f"{after.render()}\nYour move:"
         return StepResult(obs, reward, solved, truncated, info)
-
-    def snapshot(self) -> _Episode | None:
-        """Return the episode state (immutable, so no copy is needed)."""
-        return self._episode
-
-    def restore(self, state: Any) -> None:
-        """Restore a state returned by `snapshot`."""
-        if state is not None and not isinstance(state, _Episode):
-            raise TypeError(f"expected a SokobanEnv snapshot, got {type(state).__name__}")
-        self._episode = state

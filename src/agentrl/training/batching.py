@@ -11,6 +11,10 @@ not start with the previous row.
 **Bucketing.** Micro-batches (the unit of one forward/backward) are cut from a minibatch sorted by length and
 bounded by a token budget, so rows of similar length are padded together.
 
+**Keys.** A turn is named by its key ``(b, n)``: the trajectory's position in the list handed to `pack_rows` and
+the turn's index. Rows carry each turn's key, so whoever reads results back (`score_turns`) finds a turn by its
+key — never by counting turns in some assumed order. `pack_rows` checks that every requested key names a turn.
+
 Each trained turn carries its targets (`TurnTargets`): one advantage per turn (broadcast to its tokens) or one
 per token (token-level PPO), and value targets at the first response token (turn critic) or at every response
 token (token critic).
@@ -18,12 +22,16 @@ token (token critic).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
 
 from agentrl.types import Trajectory, Turn, TurnBatch
+
+TurnKey = tuple[int, int]
+"""(position of the trajectory in the list, turn index)."""
 
 
 @dataclass
@@ -50,7 +58,7 @@ class Row:
     """One packed sequence and the trained turns inside it."""
 
     ids: list[int]
-    turns: list[tuple[int, Turn, TurnTargets]] = field(default_factory=list)  # (turn id, turn, targets)
+    turns: list[tuple[TurnKey, Turn, TurnTargets]] = field(default_factory=list)
 
 
 def _extends(row_ids: list[int], turn: Turn) -> bool:
@@ -59,12 +67,12 @@ def _extends(row_ids: list[int], turn: Turn) -> bool:
 
 
 def pack_rows(
-    trajectories: Sequence[Trajectory], targets: dict[tuple[int, int], TurnTargets], *, pack: bool = True
+    trajectories: Sequence[Trajectory], targets: dict[TurnKey, TurnTargets], *, pack: bool = True
 ) -> list[Row]:
-    """Rows holding every selected turn. ``targets`` maps (trajectory position, turn index) to its targets;
-    turns without targets are context only. Turn ids are assigned in (trajectory, turn) order."""
+    """Rows holding every selected turn. ``targets`` maps a turn's key to its targets; turns without targets
+    are context only. Raises ValueError for a key that names no turn (a caller's bookkeeping error)."""
     rows: list[Row] = []
-    turn_id = 0
+    placed = 0
     for b, traj in enumerate(trajectories):
         row: Row | None = None
         for turn in traj.turns:
@@ -77,9 +85,38 @@ def pack_rows(
             else:
                 row = Row(ids)
                 rows.append(row)
-            row.turns.append((turn_id, turn, tgt))
-            turn_id += 1
+            row.turns.append(((b, turn.index), turn, tgt))
+            placed += 1
+    if placed != len(targets):
+        known = {(b, t.index) for b, traj in enumerate(trajectories) for t in traj.turns}
+        missing = sorted(set(targets) - known)[:5]
+        raise ValueError(f"targets name turns that are not in the trajectories: {missing}")
     return rows
+
+
+def score_turns(rows: Sequence[Row], max_tokens: int, pad_id: int, device: torch.device,
+                score: Callable[[TurnBatch], Tensor]) -> dict[TurnKey, Tensor]:
+    """Run ``score`` (a ``(N, L)`` tensor per collated micro-batch: log-probs, values, …) over ``rows`` and cut
+    out each turn's response positions: ``{key: (len(response_ids),) tensor}``. The one place that maps packed
+    positions back to turns."""
+    out: dict[TurnKey, Tensor] = {}
+    for micro in micro_batches(rows, max_tokens):
+        scores = score(collate(micro, pad_id).to(device))
+        for i, row in enumerate(micro):
+            for key, turn, _ in row.turns:
+                start = len(turn.prompt_ids)
+                out[key] = scores[i, start : start + len(turn.response_ids)]
+    return out
+
+
+def keys_of(trajectories: Sequence[Trajectory], where: Callable[[Turn], bool] = lambda t: True) -> list[TurnKey]:
+    """Keys of the turns of ``trajectories`` for which ``where`` holds, in order."""
+    return [(b, t.index) for b, traj in enumerate(trajectories) for t in traj.turns if where(t)]
+
+
+def context_targets(keys: Iterable[TurnKey]) -> dict[TurnKey, TurnTargets]:
+    """Placeholder targets that select turns for scoring only (no advantage)."""
+    return {key: TurnTargets(0.0) for key in keys}
 
 
 def _as_list(x: float | list[float] | None, n: int, name: str) -> list[float]:
@@ -103,16 +140,18 @@ def collate(rows: Sequence[Row], pad_id: int) -> TurnBatch:
     turn_ids = torch.full((N, L), -1, dtype=torch.long)
     floats = {k: torch.zeros(N, L) for k in ("old_logprobs", "advantages", "returns", "old_values")}
     weights = torch.ones(N, L)
+    tid = 0  # turn ids only group tokens within this batch (the loss aggregations); keys name turns
     for i, row in enumerate(rows):
         input_ids[i, : len(row.ids)] = torch.tensor(row.ids)
         attention[i, : len(row.ids)] = 1
-        for tid, turn, tgt in row.turns:
+        for _, turn, tgt in row.turns:
             n = len(turn.response_ids)
             if n == 0:
                 continue
             s = slice(len(turn.prompt_ids), len(turn.prompt_ids) + n)
             response[i, s] = True
             turn_ids[i, s] = tid
+            tid += 1
             weights[i, s] = tgt.weight
             floats["old_logprobs"][i, s] = torch.tensor(turn.logprobs)
             floats["advantages"][i, s] = torch.tensor(_as_list(tgt.advantage, n, "advantage"))

@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import lightning.pytorch as pl
@@ -34,9 +34,19 @@ from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
 from agentrl.seeding import derive_seed
 from agentrl.training import distributed
-from agentrl.training.batching import Row, TurnTargets, collate, micro_batches, pack_rows, token_counts
+from agentrl.training.batching import (
+    Row,
+    TurnKey,
+    TurnTargets,
+    collate,
+    context_targets,
+    micro_batches,
+    pack_rows,
+    score_turns,
+    token_counts,
+)
 from agentrl.training.settings import CriticSettings, OptimSettings, PPOSettings
-from agentrl.types import Trajectory
+from agentrl.types import Trajectory, TurnBatch
 
 if TYPE_CHECKING:
     from agentrl.collect.collector import Collector
@@ -241,27 +251,31 @@ class AgentRLModule(pl.LightningModule):
         self.policy_version += 1
         self.run_async(self.engine.update_weights(self.policy, version=self.policy_version))
 
-    # ------------------------------------------------------------------ critic values
+    # ------------------------------------------------------------------ scoring (used by schedules)
 
     @torch.no_grad()
-    def values(self, trajectories: Sequence[Trajectory], turns: dict[tuple[int, int], bool]) -> dict[
-            tuple[int, int], list[float]]:
-        """Critic values of the selected turns: ``{(b, n): [V at each response token]}``; the first entry is the
-        turn's pre-action value V(s_n)."""
-        if self.critic is None:
+    def values(self, trajectories: Sequence[Trajectory], keys: Iterable[TurnKey]) -> dict[TurnKey, list[float]]:
+        """Critic values at each response token of the named turns; the first entry is V(s_n)."""
+        critic = self.critic
+        if critic is None:
             raise RuntimeError("this schedule has no critic")
-        targets = {key: TurnTargets(0.0) for key in turns}
-        rows = pack_rows(trajectories, targets, pack=self.pack_turns)
-        keys = [(b, t.index) for b, traj in enumerate(trajectories) for t in traj.turns if (b, t.index) in turns]
-        by_id: dict[int, list[float]] = {}
-        for micro in micro_batches(rows, self.micro_batch_tokens):
-            batch = collate(micro, self._pad_id).to(self.device)
-            values = self.critic(batch.input_ids, batch.attention_mask)
-            for i, row in enumerate(micro):
-                for tid, turn, _ in row.turns:
-                    start = len(turn.prompt_ids)
-                    by_id[tid] = values[i, start : start + len(turn.response_ids)].tolist()
-        return {key: by_id[i] for i, key in enumerate(keys)}
+        scored = self._score(trajectories, keys, lambda b: critic(b.input_ids, b.attention_mask))
+        return {key: v.tolist() for key, v in scored.items()}
+
+    @torch.no_grad()
+    def logprobs(self, trajectories: Sequence[Trajectory], keys: Iterable[TurnKey]) -> dict[TurnKey, list[float]]:
+        """The current policy's log-probs of the named turns' response tokens."""
+        scored = self._score(trajectories, keys,
+                             lambda b: self.policy.logprobs(b, temperature=self.temperature).logprobs)
+        return {key: v.tolist() for key, v in scored.items()}
+
+    def _score(self, trajectories: Sequence[Trajectory], keys: Iterable[TurnKey],
+               fn: Callable[[TurnBatch], Tensor]) -> dict[TurnKey, Tensor]:
+        rows = pack_rows(trajectories, context_targets(keys), pack=self.pack_turns)
+        return score_turns(rows, self.micro_batch_tokens, self._pad_id, self.device, fn)
+
+    def sync_max(self, value: int) -> int:
+        return distributed.sync_max(value, self.device)
 
     @property
     def _pad_id(self) -> int:
@@ -270,7 +284,7 @@ class AgentRLModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ the update
 
-    def update(self, trajectories: Sequence[Trajectory], targets: dict[tuple[int, int], TurnTargets],
+    def update(self, trajectories: Sequence[Trajectory], targets: dict[TurnKey, TurnTargets],
                ppo: PPOSettings, *, tag: str = "") -> dict[str, float]:
         """PPO epochs × minibatches over the selected turns. Returns averaged ``train/*`` metrics."""
         rows = pack_rows(trajectories, targets, pack=self.pack_turns)

@@ -27,20 +27,16 @@ the downstream turns' ratios.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
 from agentrl.agents.base import Task
 from agentrl.algorithms.advantages import sibling_advantages
-from agentrl.training import distributed
-from agentrl.training.batching import TurnTargets, collate, micro_batches, pack_rows
+from agentrl.training.batching import TurnTargets, keys_of
+from agentrl.training.learner import Learner
 from agentrl.training.schedules import Schedule, rollout_metrics
 from agentrl.training.settings import PPOSettings
 from agentrl.types import Trajectory
-
-if TYPE_CHECKING:
-    from agentrl.training.module import AgentRLModule
 
 
 class RTPO(Schedule):
@@ -89,34 +85,34 @@ class RTPO(Schedule):
     def episodes_per_task(self) -> int:
         return self.trunks_per_task
 
-    def step(self, module: AgentRLModule, tasks: list[Task]) -> dict[str, float]:
-        col = module.collector
-        step = module.rl_step
-        trunks = module.collect(col.collect_trunks(tasks, step=step, per_task=self.trunks_per_task))
+    def step(self, learner: Learner, tasks: list[Task]) -> dict[str, float]:
+        col = learner.collector
+        step = learner.rl_step
+        trunks = learner.collect(col.collect_trunks(tasks, step=step, per_task=self.trunks_per_task))
         metrics = rollout_metrics(trunks)
         ok = [t for t in trunks if not t.failed]
-        depth = distributed.sync_max(max((t.num_turns for t in ok), default=0), module.device)  # same on all ranks
+        depth = learner.sync_max(max((t.num_turns for t in ok), default=0))  # same on all ranks
         if self.max_depth is not None:
             depth = min(depth, self.max_depth)
         by_id = {t.id: t for t in tasks}
         upfront: dict[int, list[Trajectory]] = {}
         if self.off_policy_continuation:
             for k in range(depth):
-                upfront[k] = module.collect(col.branch(ok, by_id, k, self.siblings, step=step))
+                upfront[k] = learner.collect(col.branch(ok, by_id, k, self.siblings, step=step))
         self.depth_log = []
         per_depth: list[dict[str, float]] = []
         for k in reversed(range(depth)):
             if self.off_policy_continuation:
                 siblings = upfront[k]
             else:
-                siblings = module.collect(col.branch(ok, by_id, k, self.siblings, step=step))
-            self.depth_log.append((k, module.policy_version))
-            stats, train = self._update_depth(module, k, siblings)
+                siblings = learner.collect(col.branch(ok, by_id, k, self.siblings, step=step))
+            self.depth_log.append((k, learner.policy_version))
+            stats, train = self._update_depth(learner, k, siblings)
             per_depth.append(train)
             metrics.update({f"rtpo/depth{k}/{name}": v for name, v in stats.items()})
-            module.push_weights()
+            learner.push_weights()
         if depth == 0:
-            module.push_weights()
+            learner.push_weights()
         for name in ("train/policy_loss", "train/approx_kl", "train/clipfrac", "train/entropy", "train/grad_norm"):
             values = [s[name] for s in per_depth if name in s]
             if values:
@@ -124,43 +120,36 @@ class RTPO(Schedule):
         metrics["rtpo/depths"] = float(depth)
         return metrics
 
-    def _update_depth(self, module: AgentRLModule, k: int, siblings: list[Trajectory]) -> tuple[
+    def _update_depth(self, learner: Learner, k: int, siblings: list[Trajectory]) -> tuple[
             dict[str, float], dict[str, float]]:
         """Sibling advantages and the PPO update of depth k: (per-depth statistics, ``train/*`` metrics)."""
         ok = [s for s in siblings if not s.failed and s.num_turns > k]
         stats: dict[str, float] = {"siblings": float(len(ok))}
         if not ok:  # still take part in the update: other ranks may have siblings at this depth
-            return stats, module.update([], {}, self.ppo, tag=f"k{k}")
+            return stats, learner.update([], {}, self.ppo, tag=f"k{k}")
         rewards = torch.tensor([s.total_reward for s in ok], dtype=torch.float64)
         groups = torch.tensor([s.group for s in ok])
         adv = sibling_advantages(rewards, groups)
-        weights = self._is_weights(module, ok, k) if self.off_policy_continuation else [1.0] * len(ok)
+        weights = self._is_weights(learner, ok, k, self.is_clamp) if self.off_policy_continuation else [1.0] * len(ok)
         targets = {(b, k): TurnTargets(float(adv[b]), weight=weights[b]) for b in range(len(ok))}
         stats["reward"] = float(rewards.mean())
         stats["zero_advantage_frac"] = float((adv.abs() < 1e-12).double().mean())
         if self.off_policy_continuation:
             stats["is_weight"] = sum(weights) / len(weights)
-        train = module.update(ok, targets, self.ppo, tag=f"k{k}")
+        train = learner.update(ok, targets, self.ppo, tag=f"k{k}")
         for name in ("clipfrac", "approx_kl", "policy_loss"):
             if f"train/{name}" in train:
                 stats[name] = train[f"train/{name}"]
         return stats, train
 
-    @torch.no_grad()
-    def _is_weights(self, module: AgentRLModule, siblings: list[Trajectory], k: int) -> list[float]:
+    @staticmethod
+    def _is_weights(learner: Learner, siblings: list[Trajectory], k: int, clamp: float) -> list[float]:
         """Clamped product of the downstream turns' token ratios π_θ/π_old (turns after k) per sibling."""
-        targets = {(b, t.index): TurnTargets(0.0) for b, s in enumerate(siblings) for t in s.turns if t.index > k}
+        keys = keys_of(siblings, lambda t: t.index > k)
+        current = learner.logprobs(siblings, keys)
         log_w = [0.0] * len(siblings)
-        if targets:
-            owner = [b for b, s in enumerate(siblings) for t in s.turns if t.index > k]
-            rows = pack_rows(siblings, targets, pack=module.pack_turns)
-            for micro in micro_batches(rows, module.micro_batch_tokens):
-                batch = collate(micro, module._pad_id).to(module.device)
-                lp = module.policy.logprobs(batch, temperature=module.temperature).logprobs
-                diff = (lp - batch.old_logprobs) * batch.response_mask
-                for i, row in enumerate(micro):
-                    for tid, turn, _ in row.turns:
-                        s = slice(len(turn.prompt_ids), len(turn.prompt_ids) + len(turn.response_ids))
-                        log_w[owner[tid]] += float(diff[i, s].sum())
-        bound = math.log(self.is_clamp)
+        for b, n in keys:
+            recorded = siblings[b].turns[n].logprobs
+            log_w[b] += sum(new - old for new, old in zip(current[(b, n)], recorded, strict=True))
+        bound = math.log(clamp)
         return [math.exp(max(-bound, min(bound, w))) for w in log_w]

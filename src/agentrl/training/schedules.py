@@ -9,25 +9,23 @@ Chosen with ``class_path`` in the config (CONVENTIONS rule 4). Each is short and
   with observation tokens masked (as verl).
 * `RTPO` lives in `agentrl.training.rtpo` (reverse-turn updates over sparse trees).
 
-The module (`AgentRLModule`) provides the machinery: ``collect``, ``values``, ``update``, ``push_weights``.
+Schedules talk to the trainer only through the `Learner` protocol (``agentrl.training.learner``): ``collect``,
+``values``, ``logprobs``, ``update``, ``push_weights``, ``sync_max``, ``rl_step``, ``policy_version``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from agentrl.agents.base import Task
 from agentrl.algorithms.advantages import grpo_advantages, token_gae, turn_gae, whiten
 from agentrl.algorithms.losses import explained_variance, token_mean
-from agentrl.training.batching import TurnTargets
+from agentrl.training.batching import TurnKey, TurnTargets, keys_of
+from agentrl.training.learner import Learner
 from agentrl.training.settings import PPOSettings
 from agentrl.types import Trajectory
-
-if TYPE_CHECKING:
-    from agentrl.training.module import AgentRLModule
 
 
 def rollout_metrics(trajs: Sequence[Trajectory], prefix: str = "rollout") -> dict[str, float]:
@@ -63,11 +61,11 @@ class Schedule:
     def needs_reference(self) -> bool:
         return self.ppo.kl_coef > 0
 
-    def step(self, module: AgentRLModule, tasks: list[Task]) -> dict[str, float]:
+    def step(self, learner: Learner, tasks: list[Task]) -> dict[str, float]:
         raise NotImplementedError
 
 
-Targets = dict[tuple[int, int], TurnTargets]
+Targets = dict[TurnKey, TurnTargets]
 
 
 class GroupSchedule(Schedule):
@@ -86,19 +84,19 @@ class GroupSchedule(Schedule):
     def episodes_per_task(self) -> int:
         return self.group_size
 
-    def targets(self, module: AgentRLModule, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
+    def targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
         raise NotImplementedError
 
-    def step(self, module: AgentRLModule, tasks: list[Task]) -> dict[str, float]:
-        trajs = module.collect(module.collector.collect_groups(tasks, self.group_size, step=module.rl_step))
+    def step(self, learner: Learner, tasks: list[Task]) -> dict[str, float]:
+        trajs = learner.collect(learner.collector.collect_groups(tasks, self.group_size, step=learner.rl_step))
         ok = [t for t in trajs if not t.failed and any(turn.response_ids for turn in t.turns)]
         metrics = rollout_metrics(trajs)
         targets: Targets = {}
         if ok:
-            targets, stats = self.targets(module, ok)
+            targets, stats = self.targets(learner, ok)
             metrics.update(stats)
-        metrics.update(module.update(ok, targets, self.ppo))  # every rank takes part, with or without data
-        module.push_weights()
+        metrics.update(learner.update(ok, targets, self.ppo))  # every rank takes part, with or without data
+        learner.push_weights()
         return metrics
 
 
@@ -122,7 +120,7 @@ class GRPO(GroupSchedule):
         super().__init__(group_size, ppo)
         self.eps = eps
 
-    def targets(self, module: AgentRLModule, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
+    def targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
         returns = torch.tensor([t.total_reward for t in ok], dtype=torch.float64)
         adv = grpo_advantages(returns, torch.tensor([t.group for t in ok]), eps=self.eps)
         targets = {(b, turn.index): TurnTargets(float(adv[b])) for b, t in enumerate(ok) for turn in t.turns}
@@ -149,10 +147,9 @@ class TurnPPO(GroupSchedule):
         self.gamma, self.lam = gamma, lam
         self.whiten_advantages = whiten_advantages
 
-    def targets(self, module: AgentRLModule, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
+    def targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
         """Advantages and returns from the critic's values *before* any update of this step."""
-        keys = {(b, t.index): True for b, traj in enumerate(ok) for t in traj.turns}
-        values = module.values(ok, keys)
+        values = learner.values(ok, keys_of(ok))
         B, T = len(ok), max(t.num_turns for t in ok)
         rewards, v, mask = torch.zeros(B, T), torch.zeros(B, T), torch.zeros(B, T, dtype=torch.bool)
         for b, traj in enumerate(ok):
@@ -188,9 +185,8 @@ class TokenPPO(GroupSchedule):
         self.gamma, self.lam = gamma, lam
         self.whiten_advantages = whiten_advantages
 
-    def targets(self, module: AgentRLModule, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
-        keys = {(b, t.index): True for b, traj in enumerate(ok) for t in traj.turns}
-        values = module.values(ok, keys)
+    def targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
+        values = learner.values(ok, keys_of(ok))
         # each episode's response tokens in order: observation tokens are simply absent (masked)
         lengths = [sum(len(t.response_ids) for t in traj.turns) for traj in ok]
         B, L = len(ok), max(lengths)
