@@ -175,7 +175,6 @@ class TurnBatch:
         old_values: (N, L) critic values at rollout time, at ``value_mask`` positions.
         value_mask: (N, L) True where the value loss applies (turn critic: first response token of each turn).
         weights: (N, L) extra per-token loss weights (e.g. off-policy importance weights); ones by default.
-        ref_logprobs: (N, L) reference-policy log-probs for a KL penalty, if computed.
     """
 
     input_ids: torch.Tensor
@@ -188,7 +187,6 @@ class TurnBatch:
     old_values: torch.Tensor
     value_mask: torch.Tensor
     weights: torch.Tensor
-    ref_logprobs: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2:

@@ -10,7 +10,6 @@ from torch.testing import assert_close
 
 from agentrl.algorithms import (
     clipped_value_loss,
-    entropy_from_logits,
     explained_variance,
     kl_k3,
     ppo_policy_loss,
@@ -154,12 +153,6 @@ def test_kl_k3_properties() -> None:
     est = kl_k3(p.log()[x], q.log()[x]).mean()
     exact = (p * (p / q).log()).sum()
     assert abs(est.item() - exact.item()) < 0.01
-
-
-def test_entropy_from_logits() -> None:
-    assert_close(entropy_from_logits(torch.zeros(3, 8)), torch.full((3,), math.log(8)))
-    peaked = torch.tensor([[100.0, 0.0, 0.0]])
-    assert entropy_from_logits(peaked).item() < 1e-6
 
 
 def test_explained_variance() -> None:

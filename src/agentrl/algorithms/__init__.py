@@ -14,12 +14,10 @@ from agentrl.algorithms.advantages import (
     whiten,
 )
 from agentrl.algorithms.losses import (
-    LossOutput,
     PolicyLoss,
     ValueLoss,
     clamp_log_ratio,
     clipped_value_loss,
-    entropy_from_logits,
     explained_variance,
     kl_k3,
     ppo_policy_loss,
@@ -31,12 +29,10 @@ from agentrl.algorithms.losses import (
 
 __all__ = [
     "Advantages",
-    "LossOutput",
     "PolicyLoss",
     "ValueLoss",
     "clamp_log_ratio",
     "clipped_value_loss",
-    "entropy_from_logits",
     "explained_variance",
     "grpo_advantages",
     "kl_k3",

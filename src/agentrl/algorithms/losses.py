@@ -43,17 +43,6 @@ class ValueLoss(NamedTuple):
     clipfrac: Tensor
 
 
-class LossOutput(NamedTuple):
-    """Everything a training step logs about one loss evaluation."""
-
-    loss: Tensor
-    policy_loss: Tensor
-    value_loss: Tensor
-    approx_kl: Tensor
-    clipfrac: Tensor
-    entropy: Tensor
-
-
 def _segments(mask: Tensor, turn_ids: Tensor | None) -> tuple[Tensor, int]:
     """Dense segment index (0..S−1) of every masked position, in ``mask``'s row-major order, and S."""
     if turn_ids is None:
@@ -214,13 +203,6 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, *, clamp: float = 20.0) -> Ten
     """
     r = clamp_log_ratio(ref_logprobs - logprobs, clamp)
     return torch.expm1(r) - r
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of the categorical distribution over the last dimension: ``logsumexp(z) − Σ softmax(z) z``."""
-    logits = logits.float()
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:

@@ -3,7 +3,7 @@
 `Policy.logprobs` computes log π(x_t | x_<t) and the entropy only at response positions: the backbone runs on
 the whole sequence, but the vocabulary projection (49 k wide for SmolLM2, the most expensive layer of a small
 model) runs only where a loss needs it. With LoRA the frozen base (adapter disabled) is the KL reference at no
-extra memory (`Policy.reference_logprobs`).
+extra memory (score inside `Policy.adapter_disabled`).
 """
 
 from __future__ import annotations
@@ -215,9 +215,3 @@ class Policy(nn.Module):
         """Log-probs (and entropy) of the response tokens of a `TurnBatch`, aligned with ``old_logprobs``."""
         return self.token_logprobs(batch.input_ids, batch.attention_mask, batch.response_mask,
                                    temperature=temperature, with_entropy=with_entropy)
-
-    @torch.no_grad()
-    def reference_logprobs(self, batch: TurnBatch, *, temperature: float = 1.0) -> Tensor:
-        """Log-probs under the frozen base model (LoRA disabled): the KL reference."""
-        with self.adapter_disabled():
-            return self.logprobs(batch, temperature=temperature).logprobs

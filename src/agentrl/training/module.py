@@ -26,7 +26,6 @@ import torch
 from torch import Tensor
 
 from agentrl.agents.base import Task
-from agentrl.algorithms.losses import clipped_value_loss, kl_k3, ppo_policy_loss
 from agentrl.collect.collector import CollectStats
 from agentrl.collect.runtime import RolloutRuntime
 from agentrl.engines.specs import EngineSpec, HFEngineSpec
@@ -45,6 +44,8 @@ from agentrl.training.batching import (
     score_turns,
     token_counts,
 )
+from agentrl.training.objective import clip_gradients, ppo_objective
+from agentrl.training.perf import measure_peak_flops, step_perf_metrics, train_flops
 from agentrl.training.settings import CriticSettings, OptimSettings, PPOSettings
 from agentrl.types import Trajectory, TurnBatch
 
@@ -140,8 +141,6 @@ class AgentRLModule(pl.LightningModule):
         # after checkpoint restore and device placement: the engine starts at the restored policy version
         self.attach(self.trainer.datamodule.make_collector)  # type: ignore[attr-defined]
         if self.peak_flops is None:
-            from agentrl.training.perf import measure_peak_flops
-
             self.peak_flops = measure_peak_flops(self.device, self.policy.compute_dtype)
         if self.rl_step == 0:
             self.evaluate("base")
@@ -327,7 +326,9 @@ class AgentRLModule(pl.LightningModule):
         for micro in micro_batches(rows, self.micro_batch_tokens):
             batch = collate(micro, self._pad_id).to(self.device)
             share = self._units(micro, ppo.units) / units
-            loss, micro_stats = self._loss(batch, ppo, share, value_units)
+            loss, micro_stats = ppo_objective(self.policy, self.critic, batch, ppo, temperature=self.temperature,
+                                              vf_coef=self.critic_settings.vf_coef, share=share,
+                                              value_units=value_units)
             self.manual_backward(loss)
             for k, v in micro_stats.items():
                 stats[k] += v * share
@@ -335,50 +336,17 @@ class AgentRLModule(pl.LightningModule):
             self._step_stats["scored_tokens"] += float(batch.response_mask.sum())
         return self._step_optimizers(opts, stats)
 
-    def _loss(self, batch: Any, ppo: PPOSettings, share: float, value_units: int) -> tuple[Tensor, dict[str, float]]:
-        hidden = self.policy.hidden_states(batch.input_ids, batch.attention_mask)
-        lp = self.policy.logprobs_from_hidden(hidden, batch.input_ids, batch.response_mask,
-                                              temperature=self.temperature, with_entropy=True)
-        pl_out = ppo_policy_loss(
-            lp.logprobs, batch.old_logprobs, batch.advantages, batch.response_mask, clip_low=ppo.clip_low,
-            clip_high=ppo.clip_high, turn_ids=batch.turn_ids, ratio=ppo.ratio, aggregate=ppo.aggregate,
-            log_ratio_clamp=ppo.log_ratio_clamp, weights=batch.weights,
-        )
-        assert lp.entropy is not None
-        entropy = ppo.aggregate(lp.entropy, batch.response_mask, batch.turn_ids)
-        loss = (pl_out.loss - ppo.entropy_coef * entropy) * share
-        stats = {"train/policy_loss": pl_out.loss.item(), "train/approx_kl": pl_out.approx_kl.item(),
-                 "train/clipfrac": pl_out.clipfrac.item(), "train/entropy": entropy.item()}
-        if ppo.kl_coef > 0:
-            with torch.no_grad(), self.policy.adapter_disabled():
-                ref = self.policy.logprobs_from_hidden(
-                    self.policy.hidden_states(batch.input_ids, batch.attention_mask), batch.input_ids,
-                    batch.response_mask, temperature=self.temperature).logprobs
-            kl = ppo.aggregate(kl_k3(lp.logprobs, ref), batch.response_mask, batch.turn_ids)
-            loss = loss + ppo.kl_coef * kl * share
-            stats["train/kl_ref"] = kl.item()
-        if self.critic is not None and bool(batch.value_mask.any()):
-            critic_hidden = hidden if self.critic.backbone is None else self.critic.hidden_states(
-                batch.input_ids, batch.attention_mask)
-            values = self.critic.values_from_hidden(critic_hidden)
-            vl = clipped_value_loss(values, batch.old_values, batch.returns, batch.value_mask, clip=ppo.value_clip)
-            v_share = float(batch.value_mask.sum()) / max(value_units, 1)
-            loss = loss + self.critic_settings.vf_coef * vl.loss * v_share
-            stats["train/value_loss"] = vl.loss.item() * v_share / share
-            stats["train/value_clipfrac"] = float(vl.clipfrac) * v_share / share
-        return loss, stats
-
     def _step_optimizers(self, opts: list[Any], stats: dict[str, float]) -> dict[str, float]:
         """Clip gradients, guard against non-finite updates, step the optimizers."""
         o = self.optim
         params = self.policy.trainable_parameters()
         critic_params = self.critic.trainable_parameters() if self.critic is not None else []
         distributed.average_gradients(params + critic_params)  # one all-reduce for both
-        norm = _clip(params, o.max_grad_norm)
+        norm = clip_gradients(params, o.max_grad_norm)
         stats["train/grad_norm"] = norm
         finite = math.isfinite(norm) and all(math.isfinite(v) for v in stats.values())
         if self.critic is not None:
-            c_norm = _clip(critic_params, o.critic_max_grad_norm)
+            c_norm = clip_gradients(critic_params, o.critic_max_grad_norm)
             stats["train/critic_grad_norm"] = c_norm
             finite = finite and math.isfinite(c_norm)
         finite = distributed.sync_all(finite, self.device)  # every rank skips, or none does
@@ -413,7 +381,8 @@ class AgentRLModule(pl.LightningModule):
             metrics = self.algorithm.step(self, list(tasks))
         distributed.check_in_sync(self.policy.trainable_parameters(), self.device)
         self.rl_step += 1
-        metrics.update(self._perf_metrics(time.perf_counter() - start))
+        metrics.update(step_perf_metrics(self._step_stats, time.perf_counter() - start, self.policy_version,
+                                         mfu=self._mfu))
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(tasks))
         reward = metrics.get("rollout/reward", float("nan"))
         self.log("reward", reward, prog_bar=True, on_step=True, batch_size=len(tasks), logger=False)
@@ -422,24 +391,14 @@ class AgentRLModule(pl.LightningModule):
         log.info("step %d: reward %.3f, success %.3f, %.1f s", self.rl_step, reward,
                  metrics.get("rollout/success", float("nan")), metrics["perf/step_seconds"])
 
-    def _perf_metrics(self, seconds: float) -> dict[str, float]:
-        s = self._step_stats
-        out = {"perf/step_seconds": seconds, "perf/generated_tokens": s["generated_tokens"],
-               "perf/policy_version": float(self.policy_version)}
-        if s["rollout_seconds"] > 0:
-            out["perf/rollout_tokens_per_s"] = s["generated_tokens"] / s["rollout_seconds"]
-        if s["train_seconds"] > 0:
-            out["perf/train_tokens_per_s"] = s["train_tokens"] / s["train_seconds"]
-            if self.peak_flops:
-                from agentrl.training.perf import train_flops
 
-                flops = train_flops(self.policy, self.critic, s["train_tokens"], s["scored_tokens"])
-                out["perf/mfu"] = flops / s["train_seconds"] / self.peak_flops
-        if s["unpacked_tokens"] > 0:
-            out["perf/packing_saving"] = 1.0 - s["packed_tokens"] / s["unpacked_tokens"]
-        if s["episodes"] > 0:
-            out["rollout/failed"] = s["failed"] / s["episodes"]
-        return out
+    def _mfu(self, train_seconds: float) -> float | None:
+        """MFU of the step's update: FLOPs / seconds / peak (None without a peak)."""
+        s = self._step_stats
+        if not self.peak_flops:
+            return None
+        flops = train_flops(self.policy, self.critic, s["train_tokens"], s["scored_tokens"])
+        return flops / train_seconds / self.peak_flops
 
 
 class _DetachOnException(pl.Callback):
@@ -449,12 +408,3 @@ class _DetachOnException(pl.Callback):
         detach = getattr(pl_module, "detach", None)
         if callable(detach):
             detach()
-
-
-def _clip(params: list[torch.nn.Parameter], max_norm: float) -> float:
-    grads = [p for p in params if p.grad is not None]
-    if not grads:
-        return 0.0
-    if max_norm > 0:
-        return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in grads])))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -40,3 +41,22 @@ def train_flops(policy: Any, critic: Any, tokens: float, scored_tokens: float) -
     if critic is not None and critic.backbone is not None:
         flops += 6.0 * (_params(critic.backbone) - critic.backbone.get_input_embeddings().weight.numel()) * tokens
     return flops
+
+
+def step_perf_metrics(stats: Mapping[str, float], seconds: float, policy_version: int, *,
+                      mfu: Callable[[float], float | None]) -> dict[str, float]:
+    """``perf/*`` (and ``rollout/failed``) of one step from its accumulated counters."""
+    out = {"perf/step_seconds": seconds, "perf/generated_tokens": stats["generated_tokens"],
+           "perf/policy_version": float(policy_version)}
+    if stats["rollout_seconds"] > 0:
+        out["perf/rollout_tokens_per_s"] = stats["generated_tokens"] / stats["rollout_seconds"]
+    if stats["train_seconds"] > 0:
+        out["perf/train_tokens_per_s"] = stats["train_tokens"] / stats["train_seconds"]
+        value = mfu(stats["train_seconds"])
+        if value is not None:
+            out["perf/mfu"] = value
+    if stats["unpacked_tokens"] > 0:
+        out["perf/packing_saving"] = 1.0 - stats["packed_tokens"] / stats["unpacked_tokens"]
+    if stats["episodes"] > 0:
+        out["rollout/failed"] = stats["failed"] / stats["episodes"]
+    return out

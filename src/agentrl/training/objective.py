@@ -1,0 +1,69 @@
+"""The loss of one micro-batch: PPO's clipped surrogate, the entropy bonus, the k3 KL to the frozen base, and the
+critic's clipped value loss — each scaled by the micro-batch's share of the minibatch's units, so that summing
+micro-batch gradients gives the minibatch's gradient exactly (the micro-batch budget is a memory knob).
+
+Pure of Lightning: the module calls `ppo_objective` for each micro-batch and does the backward itself.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from agentrl.algorithms.losses import clipped_value_loss, kl_k3, ppo_policy_loss
+from agentrl.models.critic import TurnCritic
+from agentrl.models.policy import Policy
+from agentrl.training.settings import PPOSettings
+from agentrl.types import TurnBatch
+
+
+def ppo_objective(
+    policy: Policy, critic: TurnCritic | None, batch: TurnBatch, ppo: PPOSettings, *, temperature: float,
+    vf_coef: float, share: float, value_units: int,
+) -> tuple[Tensor, dict[str, float]]:
+    """Loss of ``batch`` (to backpropagate) and its statistics (``train/*``, unscaled).
+
+    Args:
+        share: This micro-batch's units (turns or tokens, per ``ppo.aggregate``) over the minibatch's.
+        value_units: Value targets in the whole minibatch (the value loss is a mean over them).
+    """
+    hidden = policy.hidden_states(batch.input_ids, batch.attention_mask)
+    lp = policy.logprobs_from_hidden(hidden, batch.input_ids, batch.response_mask, temperature=temperature,
+                                     with_entropy=True)
+    pl_out = ppo_policy_loss(
+        lp.logprobs, batch.old_logprobs, batch.advantages, batch.response_mask, clip_low=ppo.clip_low,
+        clip_high=ppo.clip_high, turn_ids=batch.turn_ids, ratio=ppo.ratio, aggregate=ppo.aggregate,
+        log_ratio_clamp=ppo.log_ratio_clamp, weights=batch.weights,
+    )
+    assert lp.entropy is not None
+    entropy = ppo.aggregate(lp.entropy, batch.response_mask, batch.turn_ids)
+    loss = (pl_out.loss - ppo.entropy_coef * entropy) * share
+    stats = {"train/policy_loss": pl_out.loss.item(), "train/approx_kl": pl_out.approx_kl.item(),
+             "train/clipfrac": pl_out.clipfrac.item(), "train/entropy": entropy.item()}
+    if ppo.kl_coef > 0:
+        with torch.no_grad(), policy.adapter_disabled():
+            ref = policy.logprobs_from_hidden(policy.hidden_states(batch.input_ids, batch.attention_mask),
+                                              batch.input_ids, batch.response_mask, temperature=temperature).logprobs
+        kl = ppo.aggregate(kl_k3(lp.logprobs, ref), batch.response_mask, batch.turn_ids)
+        loss = loss + ppo.kl_coef * kl * share
+        stats["train/kl_ref"] = kl.item()
+    if critic is not None and bool(batch.value_mask.any()):
+        critic_hidden = hidden if critic.backbone is None else critic.hidden_states(batch.input_ids,
+                                                                                    batch.attention_mask)
+        values = critic.values_from_hidden(critic_hidden)
+        vl = clipped_value_loss(values, batch.old_values, batch.returns, batch.value_mask, clip=ppo.value_clip)
+        v_share = float(batch.value_mask.sum()) / max(value_units, 1)
+        loss = loss + vf_coef * vl.loss * v_share
+        stats["train/value_loss"] = vl.loss.item() * v_share / share
+        stats["train/value_clipfrac"] = float(vl.clipfrac) * v_share / share
+    return loss, stats
+
+
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip the gradients of ``params`` to ``max_norm`` (0: no clipping); returns the norm before clipping."""
+    grads = [p for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in grads])))
