@@ -9,6 +9,7 @@ from torch.testing import assert_close
 from agentrl.algorithms import (
     grpo_advantages,
     masked_mean,
+    masked_moments,
     masked_var,
     sibling_advantages,
     token_gae,
@@ -202,3 +203,20 @@ def test_whiten_masked() -> None:
     assert bool((w[~mask] == 0).all())
     kept = whiten(x, mask, shift_mean=False)
     assert abs(masked_mean(kept, mask).item() - masked_mean(x, mask).item()) < 1e-4
+
+
+def test_whiten_with_summed_shard_moments_equals_whiten_over_all() -> None:
+    """Ranks that sum their `masked_moments` whiten exactly as one process holding every value; a shard with a
+    single value is whitened with the global statistics, not left raw."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 5)
+    mask = torch.rand(4, 5) > 0.3
+    mask[0] = False
+    mask[0, 2] = True  # shard 0 holds one value
+    whole = whiten(x, mask)
+    moments = masked_moments(x[:1], mask[:1]) + masked_moments(x[1:], mask[1:])
+    shards = torch.cat([whiten(x[:1], mask[:1], moments=moments), whiten(x[1:], mask[1:], moments=moments)])
+    assert_close(shards, whole)
+    assert_close(whole[mask].mean(), torch.tensor(0.0), atol=1e-6, rtol=0)
+    assert_close(whole[mask].std(), torch.tensor(1.0), atol=1e-5, rtol=0)
+    assert not torch.allclose(shards[0, 2], x[0, 2])

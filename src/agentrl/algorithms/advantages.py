@@ -220,14 +220,25 @@ def masked_var(x: Tensor, mask: Tensor | None = None, *, unbiased: bool = True) 
     return sq
 
 
-def whiten(x: Tensor, mask: Tensor | None = None, *, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+def masked_moments(x: Tensor, mask: Tensor | None = None) -> Tensor:
+    """``[Σ x, Σ x², n]`` over the masked positions (float64): the sufficient statistics of `whiten`, which add
+    up across shards (ranks) — sum them over the ranks and every rank whitens with the global mean and variance."""
+    m = torch.ones_like(x, dtype=torch.bool) if mask is None else mask
+    v = x[m].double()
+    return torch.stack([v.sum(), (v * v).sum(), torch.tensor(float(v.numel()), dtype=torch.float64)])
+
+
+def whiten(x: Tensor, mask: Tensor | None = None, *, shift_mean: bool = True, eps: float = 1e-8,
+           moments: Tensor | None = None) -> Tensor:
     """Normalise ``x`` to unit variance over the masked positions (and zero mean when ``shift_mean``).
 
-    Positions outside the mask are returned as 0.
+    ``mean = Σx / n``, ``var = (Σx² − n·mean²) / (n − 1)`` (unbiased), from ``moments`` (`masked_moments`, e.g.
+    summed over ranks) or from ``x`` itself. Positions outside the mask are returned as 0.
     """
-    mean = masked_mean(x, mask)
-    var = masked_var(x, mask)
-    out = (x - mean) * torch.rsqrt(var + eps)
+    total, total_sq, n = (moments if moments is not None else masked_moments(x, mask)).tolist()
+    mean = total / max(n, 1.0)
+    var = max(total_sq - n * mean * mean, 0.0) / max(n - 1.0, 1.0)
+    out = (x - mean) * (var + eps) ** -0.5
     if not shift_mean:
         out = out + mean
     return out if mask is None else torch.where(mask, out, 0.0)

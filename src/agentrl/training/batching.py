@@ -44,6 +44,8 @@ class TurnTargets:
         old_values: Critic value(s) at rollout time, or None.
         per_token_values: Values sit at every response token (token critic) instead of the first one.
         weight: Loss weight of the turn's tokens (off-policy correction), 1 by default.
+        unit: How many aggregation units the turn counts for (1; GRPO's trajectory weighting: 1 / the
+            trajectory's turn count), see `agentrl.training.objective`.
     """
 
     advantage: float | list[float]
@@ -51,6 +53,7 @@ class TurnTargets:
     old_values: float | list[float] | None = None
     per_token_values: bool = False
     weight: float = 1.0
+    unit: float = 1.0
 
 
 @dataclass
@@ -152,7 +155,7 @@ def collate(rows: Sequence[Row], pad_id: int) -> TurnBatch:
             response[i, s] = True
             turn_ids[i, s] = tid
             tid += 1
-            weights[i, s] = tgt.weight
+            weights[i, s] = tgt.weight * tgt.unit
             floats["old_logprobs"][i, s] = torch.tensor(turn.logprobs)
             floats["advantages"][i, s] = torch.tensor(_as_list(tgt.advantage, n, "advantage"))
             if tgt.returns is None:

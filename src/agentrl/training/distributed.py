@@ -3,9 +3,9 @@
 Each rank collects its own episodes, so ranks do different amounts of work per step (different numbers of
 rows, of RTPO depths, of micro-batches). DDP's automatic gradient all-reduce needs the same backward calls on
 every rank, which variable rollouts cannot promise; so the module runs its backward passes under ``no_sync`` and
-averages gradients itself, once per optimizer step, after agreeing with the other ranks on how many optimizer
-steps there are. Every rank then takes identical optimizer steps and the weights stay identical. On one process
-these functions do nothing.
+sums gradients itself, once per optimizer step (losses are normalised by unit counts summed over the ranks), after
+agreeing with the other ranks on how many optimizer steps there are. Every rank then takes identical optimizer
+steps and the weights stay identical. On one process these functions do nothing.
 """
 
 from __future__ import annotations
@@ -36,8 +36,19 @@ def sync_all(flag: bool, device: torch.device | None = None) -> bool:
     return bool(t.item())
 
 
-def average_gradients(params: list[torch.nn.Parameter]) -> None:
-    """Replace each gradient by its mean over the ranks (a rank without a gradient contributes zeros)."""
+def sum_tensor(t: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """``t`` summed over the ranks (a copy; ``t`` itself on one process)."""
+    if not active():
+        return t
+    out = t.to(device=device).clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out.cpu()
+
+
+def sum_gradients(params: list[torch.nn.Parameter]) -> None:
+    """Replace each gradient by its sum over the ranks (a rank without a gradient contributes zeros). The losses
+    are normalised by global unit counts (see `agentrl.training.objective`), so the sum is the gradient one
+    process would compute over every rank's data."""
     if not active() or not params:
         return
     for p in params:
@@ -45,7 +56,6 @@ def average_gradients(params: list[torch.nn.Parameter]) -> None:
             p.grad = torch.zeros_like(p)
     flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    flat /= dist.get_world_size()
     offset = 0
     for p in params:
         n = p.numel()

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from torch import Tensor
+
 from agentrl.training.batching import TurnKey, TurnTargets
 from agentrl.types import Trajectory
 
@@ -63,4 +65,8 @@ class Learner(Protocol):
 
     def sync_max(self, value: int) -> int:
         """The largest ``value`` over all ranks (schedules use it to agree on loop counts)."""
+        ...
+
+    def all_sum(self, values: Tensor) -> Tensor:
+        """``values`` summed over all ranks (e.g. whitening moments); every rank must call it."""
         ...

@@ -44,7 +44,15 @@ from agentrl.training.batching import (
     score_turns,
     token_counts,
 )
-from agentrl.training.objective import clip_gradients, ppo_objective
+from agentrl.training.metrics import reduce_across_ranks
+from agentrl.training.objective import (
+    aggregation_divisor,
+    clip_gradients,
+    has_signal,
+    minibatch_units,
+    ppo_objective,
+    value_units,
+)
 from agentrl.training.perf import measure_peak_flops, step_perf_metrics, train_flops
 from agentrl.training.settings import CriticSettings, OptimSettings, PPOSettings
 from agentrl.types import Trajectory, TurnBatch
@@ -118,9 +126,19 @@ class AgentRLModule(pl.LightningModule):
         self._collector: Collector | None = None
         self._step_stats: dict[str, float] = defaultdict(float)
         self.last_trajectories: list[Trajectory] = []
+        self.last_metrics: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
 
     # ------------------------------------------------------------------ lifecycle
+
+    def train(self, mode: bool = True) -> AgentRLModule:
+        """Lightning switches the module to training mode; the policy and critic still score in eval mode (no
+        dropout), as the engine sampled, so PPO's first ratio is exactly 1 even for a hub model with dropout."""
+        super().train(mode)
+        self.policy.eval()
+        if self.critic is not None:
+            self.critic.eval()
+        return self
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         o = self.optim
@@ -276,6 +294,9 @@ class AgentRLModule(pl.LightningModule):
     def sync_max(self, value: int) -> int:
         return distributed.sync_max(value, self.device)
 
+    def all_sum(self, values: Tensor) -> Tensor:
+        return distributed.sum_tensor(values, self.device)
+
     @property
     def _pad_id(self) -> int:
         pad = self.policy.tokenizer.pad_token_id
@@ -285,10 +306,16 @@ class AgentRLModule(pl.LightningModule):
 
     def update(self, trajectories: Sequence[Trajectory], targets: dict[TurnKey, TurnTargets],
                ppo: PPOSettings, *, tag: str = "") -> dict[str, float]:
-        """PPO epochs × minibatches over the selected turns. Returns averaged ``train/*`` metrics."""
+        """PPO epochs × minibatches over the selected turns. Returns the ``train/*`` metrics (averaged over the
+        optimizer steps; ``train/skipped_updates`` counted).
+
+        On several ranks this is the update one process would make over every rank's turns: each minibatch's
+        unit counts are summed over the ranks, every micro-batch's loss is scaled by its share of the *global*
+        units, and gradients are summed (not averaged) across ranks before the optimizer step. Every rank runs
+        the same number of optimizer steps, with or without rows of its own.
+        """
         rows = pack_rows(trajectories, targets, pack=self.pack_turns)
         rows = [r for r in rows if any(t.response_ids for _, t, _ in r.turns)]
-        # every rank must take the same number of optimizer steps (gradients are averaged at each one)
         most_rows = distributed.sync_max(len(rows), self.device)
         if most_rows == 0:
             return {"train/skipped_updates": 1.0}
@@ -307,28 +334,28 @@ class AgentRLModule(pl.LightningModule):
                 for k, v in stats.items():
                     totals[k] += v
         self._step_stats["train_seconds"] += time.perf_counter() - start
-        return {k: v / (ppo.epochs * n_minibatches) for k, v in totals.items()}
-
-    def _units(self, rows: Sequence[Row], units: str) -> int:
-        if units == "turn":
-            return sum(1 for r in rows for _, t, _ in r.turns if t.response_ids)
-        return sum(len(t.response_ids) for r in rows for _, t, _ in r.turns)
+        steps = ppo.epochs * n_minibatches
+        out = {k: v / steps for k, v in totals.items()}
+        out["train/skipped_updates"] = totals.get("train/skipped_updates", 0.0)
+        return out
 
     def _minibatch_step(self, rows: list[Row], ppo: PPOSettings) -> dict[str, float]:
+        local = torch.tensor([minibatch_units(rows, ppo), value_units(rows), float(has_signal(rows, ppo))],
+                             dtype=torch.float64)
+        units, v_units, signal = distributed.sum_tensor(local, self.device).tolist()
+        if signal == 0:  # no rank has a gradient signal: an AdamW step would still move the weights
+            return {"train/skipped_updates": 1.0}
         opts = self.optimizers()
         opts = opts if isinstance(opts, list) else [opts]
         for opt in opts:
             opt.zero_grad(set_to_none=True)
-        units = max(self._units(rows, ppo.units), 1)
-        value_units = sum(len(t.response_ids) if tgt.per_token_values else 1
-                          for r in rows for _, t, tgt in r.turns if tgt.returns is not None and t.response_ids)
         stats: dict[str, float] = defaultdict(float)
         for micro in micro_batches(rows, self.micro_batch_tokens):
             batch = collate(micro, self._pad_id).to(self.device)
-            share = self._units(micro, ppo.units) / units
+            share = aggregation_divisor(micro, ppo) / max(units, 1e-12)
             loss, micro_stats = ppo_objective(self.policy, self.critic, batch, ppo, temperature=self.temperature,
                                               vf_coef=self.critic_settings.vf_coef, share=share,
-                                              value_units=value_units)
+                                              value_units=v_units)
             self.manual_backward(loss)
             for k, v in micro_stats.items():
                 stats[k] += v * share
@@ -341,7 +368,7 @@ class AgentRLModule(pl.LightningModule):
         o = self.optim
         params = self.policy.trainable_parameters()
         critic_params = self.critic.trainable_parameters() if self.critic is not None else []
-        distributed.average_gradients(params + critic_params)  # one all-reduce for both
+        distributed.sum_gradients(params + critic_params)  # one all-reduce for both
         norm = clip_gradients(params, o.max_grad_norm)
         stats["train/grad_norm"] = norm
         finite = math.isfinite(norm) and all(math.isfinite(v) for v in stats.values())
@@ -383,6 +410,8 @@ class AgentRLModule(pl.LightningModule):
         self.rl_step += 1
         metrics.update(step_perf_metrics(self._step_stats, time.perf_counter() - start, self.policy_version,
                                          mfu=self._mfu))
+        metrics = reduce_across_ranks(metrics)  # every rank's episodes and turns, not rank 0's
+        self.last_metrics = metrics
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(tasks))
         reward = metrics.get("rollout/reward", float("nan"))
         self.log("reward", reward, prog_bar=True, on_step=True, batch_size=len(tasks), logger=False)

@@ -2,10 +2,18 @@
 critic's clipped value loss — each scaled by the micro-batch's share of the minibatch's units, so that summing
 micro-batch gradients gives the minibatch's gradient exactly (the micro-batch budget is a memory knob).
 
+**Units.** An aggregation divides by its units: turns (``turn_mean``) or tokens (``token_mean``). A turn may count
+for less than one unit (`TurnTargets.unit`, e.g. GRPO's trajectory weighting gives each of a trajectory's T turns
+1/T), so the minibatch's units are ``Σ unit`` (turns) or ``Σ unit · tokens`` (tokens), while a micro-batch's
+aggregation divides by its plain count (`aggregation_divisor`); the micro-batch's share is count / units. Summed
+over micro-batches — and over ranks, with the units summed over ranks too — this is exactly one process's update.
+
 Pure of Lightning: the module calls `ppo_objective` for each micro-batch and does the backward itself.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -13,6 +21,7 @@ from torch import Tensor
 from agentrl.algorithms.losses import clipped_value_loss, kl_k3, ppo_policy_loss
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
+from agentrl.training.batching import Row
 from agentrl.training.settings import PPOSettings
 from agentrl.types import TurnBatch
 
@@ -32,11 +41,11 @@ def ppo_objective(
                                      with_entropy=True)
     pl_out = ppo_policy_loss(
         lp.logprobs, batch.old_logprobs, batch.advantages, batch.response_mask, clip_low=ppo.clip_low,
-        clip_high=ppo.clip_high, turn_ids=batch.turn_ids, ratio=ppo.ratio, aggregate=ppo.aggregate,
+        clip_high=ppo.clip_high, turn_ids=batch.turn_ids, ratio=ppo.ratio, aggregate=ppo.aggregator,
         log_ratio_clamp=ppo.log_ratio_clamp, weights=batch.weights,
     )
     assert lp.entropy is not None
-    entropy = ppo.aggregate(lp.entropy, batch.response_mask, batch.turn_ids)
+    entropy = ppo.aggregator(lp.entropy, batch.response_mask, batch.turn_ids)
     loss = (pl_out.loss - ppo.entropy_coef * entropy) * share
     stats = {"train/policy_loss": pl_out.loss.item(), "train/approx_kl": pl_out.approx_kl.item(),
              "train/clipfrac": pl_out.clipfrac.item(), "train/entropy": entropy.item()}
@@ -44,7 +53,7 @@ def ppo_objective(
         with torch.no_grad(), policy.adapter_disabled():
             ref = policy.logprobs_from_hidden(policy.hidden_states(batch.input_ids, batch.attention_mask),
                                               batch.input_ids, batch.response_mask, temperature=temperature).logprobs
-        kl = ppo.aggregate(kl_k3(lp.logprobs, ref), batch.response_mask, batch.turn_ids)
+        kl = ppo.aggregator(kl_k3(lp.logprobs, ref), batch.response_mask, batch.turn_ids)
         loss = loss + ppo.kl_coef * kl * share
         stats["train/kl_ref"] = kl.item()
     if critic is not None and bool(batch.value_mask.any()):
@@ -67,3 +76,39 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
     if max_norm > 0:
         return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in grads])))
+
+
+def minibatch_units(rows: Sequence[Row], ppo: PPOSettings) -> float:
+    """What the minibatch's loss is a mean over: ``Σ unit`` over trained turns, or ``Σ unit · tokens``."""
+    if ppo.units == "turn":
+        return sum(tgt.unit for r in rows for _, t, tgt in r.turns if t.response_ids)
+    return sum(tgt.unit * len(t.response_ids) for r in rows for _, t, tgt in r.turns)
+
+
+def aggregation_divisor(rows: Sequence[Row], ppo: PPOSettings) -> float:
+    """What ``ppo.aggregate`` divides a micro-batch's loss by: its trained turns or tokens."""
+    if ppo.units == "turn":
+        return float(sum(1 for r in rows for _, t, _ in r.turns if t.response_ids))
+    return float(sum(len(t.response_ids) for r in rows for _, t, _ in r.turns))
+
+
+def value_units(rows: Sequence[Row]) -> float:
+    """Value targets in ``rows``: one per turn (turn critic) or one per response token (token critic)."""
+    return float(sum(len(t.response_ids) if tgt.per_token_values else 1
+                     for r in rows for _, t, tgt in r.turns if tgt.returns is not None and t.response_ids))
+
+
+def has_signal(rows: Sequence[Row], ppo: PPOSettings) -> bool:
+    """Whether ``rows`` give any gradient: a non-zero advantage, a value target, or an entropy/KL term."""
+    if ppo.entropy_coef > 0 or ppo.kl_coef > 0:
+        return any(t.response_ids for r in rows for _, t, _ in r.turns)
+    for r in rows:
+        for _, t, tgt in r.turns:
+            if not t.response_ids:
+                continue
+            if tgt.returns is not None:
+                return True
+            adv = tgt.advantage if isinstance(tgt.advantage, list) else [tgt.advantage]
+            if any(a != 0.0 for a in adv):
+                return True
+    return False

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import torch
 
 from agentrl.agents.base import Task
-from agentrl.algorithms.advantages import grpo_advantages, token_gae, turn_gae, whiten
-from agentrl.algorithms.losses import explained_variance, token_mean
+from agentrl.algorithms.advantages import grpo_advantages, masked_moments, token_gae, turn_gae, whiten
+from agentrl.algorithms.losses import Aggregator, explained_variance, token_mean, turn_mean
 from agentrl.training.batching import TurnKey, TurnTargets, keys_of
 from agentrl.training.learner import Learner
 from agentrl.training.settings import PPOSettings
@@ -32,7 +32,7 @@ def rollout_metrics(trajs: Sequence[Trajectory], prefix: str = "rollout") -> dic
     """``rollout/{reward,success,turns,tokens_per_turn,...}`` over the non-failed trajectories."""
     ok = [t for t in trajs if not t.failed]
     if not ok:
-        return {f"{prefix}/episodes": float(len(trajs))}
+        return {f"{prefix}/episodes": float(len(trajs)), f"{prefix}/ok_episodes": 0.0}
     sampled = [turn for t in ok for turn in t.turns if not turn.forced]
     return {
         f"{prefix}/reward": sum(t.total_reward for t in ok) / len(ok),
@@ -42,16 +42,23 @@ def rollout_metrics(trajs: Sequence[Trajectory], prefix: str = "rollout") -> dic
         f"{prefix}/truncated": sum(t.truncated for t in ok) / len(ok),
         f"{prefix}/length_finish": sum(t.finish_reason == "length" for t in sampled) / max(len(sampled), 1),
         f"{prefix}/episodes": float(len(trajs)),
+        f"{prefix}/ok_episodes": float(len(ok)),
+        f"{prefix}/sampled_turns": float(len(sampled)),
     }
 
 
 class Schedule:
-    """Base of the schedules. ``episodes_per_task`` sizes the batch; ``needs_critic`` builds a `TurnCritic`."""
+    """Base of the schedules. ``episodes_per_task`` sizes the batch; ``needs_critic`` builds a `TurnCritic`;
+    ``default_aggregate`` is the aggregation used when ``ppo.aggregate`` is left null."""
 
     needs_critic: bool = False
 
     def __init__(self, ppo: PPOSettings | None = None) -> None:
-        self.ppo = ppo or PPOSettings()
+        self.ppo = (ppo or PPOSettings()).with_default_aggregate(self.default_aggregate())
+
+    def default_aggregate(self) -> Aggregator:
+        """The aggregation used when ``ppo.aggregate`` is null."""
+        return turn_mean
 
     @property
     def episodes_per_task(self) -> int:
@@ -91,13 +98,21 @@ class GroupSchedule(Schedule):
         trajs = learner.collect(learner.collector.collect_groups(tasks, self.group_size, step=learner.rl_step))
         ok = [t for t in trajs if not t.failed and any(turn.response_ids for turn in t.turns)]
         metrics = rollout_metrics(trajs)
-        targets: Targets = {}
-        if ok:
-            targets, stats = self.targets(learner, ok)
-            metrics.update(stats)
+        targets, stats = self.targets(learner, ok)  # on every rank, with or without episodes (collectives)
+        metrics.update(stats)
         metrics.update(learner.update(ok, targets, self.ppo))  # every rank takes part, with or without data
         learner.push_weights()
         return metrics
+
+
+def _whiten(learner: Learner, adv: torch.Tensor, mask: torch.Tensor, enabled: bool) -> torch.Tensor:
+    """Whiten ``adv`` with the mean and variance over *every rank's* masked entries (their moments are summed
+    across ranks), so each rank normalises exactly as one process over the whole batch would. Collective when
+    ``enabled``: every rank calls it, with or without entries."""
+    if not enabled:
+        return adv
+    moments = learner.all_sum(masked_moments(adv, mask))
+    return whiten(adv, mask, moments=moments) if float(moments[2]) > 1 else adv
 
 
 def _check_discount(gamma: float, lam: float) -> None:
@@ -108,23 +123,42 @@ def _check_discount(gamma: float, lam: float) -> None:
 class GRPO(GroupSchedule):
     """Trajectory-level GRPO: ``A = (R − mean_group R) / (std_group R + eps)`` on every turn of the episode.
 
+    Weighting (docs/algorithms/grpo.md): by default every *trajectory* weighs the same — the loss is a mean over
+    a trajectory's turns (or tokens, with token aggregation) first, then over trajectories — so a 4-turn
+    failure does not outweigh a 1-turn success of its group four to one. ``trajectory_weighting: false`` keeps
+    the flat mean over all turns (or tokens) of the batch.
+
     Args:
         group_size: Episodes per task (the group).
         eps: Added to the group standard deviation.
+        trajectory_weighting: Mean within each trajectory first, then over trajectories.
         ppo: Clipped-update settings.
     """
 
-    def __init__(self, group_size: int = 8, eps: float = 1e-6, ppo: PPOSettings | None = None) -> None:
+    def __init__(self, group_size: int = 8, eps: float = 1e-6, trajectory_weighting: bool = True,
+                 ppo: PPOSettings | None = None) -> None:
         if group_size < 2:
             raise ValueError("algorithm.group_size must be >= 2 for GRPO (a group of one has no baseline)")
         super().__init__(group_size, ppo)
         self.eps = eps
+        self.trajectory_weighting = trajectory_weighting
 
     def targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
+        if not ok:
+            return {}, {}
         returns = torch.tensor([t.total_reward for t in ok], dtype=torch.float64)
         adv = grpo_advantages(returns, torch.tensor([t.group for t in ok]), eps=self.eps)
-        targets = {(b, turn.index): TurnTargets(float(adv[b])) for b, t in enumerate(ok) for turn in t.turns}
+        targets = {(b, turn.index): TurnTargets(float(adv[b]), unit=self._unit(t))
+                   for b, t in enumerate(ok) for turn in t.turns}
         return targets, {"train/zero_advantage_frac": float((adv == 0).double().mean())}
+
+    def _unit(self, traj: Trajectory) -> float:
+        """Each turn's share of its trajectory (1 without trajectory weighting)."""
+        if not self.trajectory_weighting:
+            return 1.0
+        if self.ppo.units == "turn":
+            return 1.0 / max(sum(1 for t in traj.turns if t.response_ids), 1)
+        return 1.0 / max(sum(len(t.response_ids) for t in traj.turns), 1)
 
 
 class TurnPPO(GroupSchedule):
@@ -149,6 +183,9 @@ class TurnPPO(GroupSchedule):
 
     def targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
         """Advantages and returns from the critic's values *before* any update of this step."""
+        if not ok:
+            _whiten(learner, torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.bool), self.whiten_advantages)
+            return {}, {}
         values = learner.values(ok, keys_of(ok))
         B, T = len(ok), max(t.num_turns for t in ok)
         rewards, v, mask = torch.zeros(B, T), torch.zeros(B, T), torch.zeros(B, T, dtype=torch.bool)
@@ -156,8 +193,7 @@ class TurnPPO(GroupSchedule):
             for n, r in enumerate(traj.turn_rewards()):
                 rewards[b, n], v[b, n], mask[b, n] = r, values[(b, n)][0], True
         adv, ret = turn_gae(rewards, v, mask, gamma=self.gamma, lam=self.lam)
-        if self.whiten_advantages and int(mask.sum()) > 1:
-            adv = whiten(adv, mask)
+        adv = _whiten(learner, adv, mask, self.whiten_advantages)
         targets = {(b, n): TurnTargets(float(adv[b, n]), float(ret[b, n]), float(v[b, n]))
                    for b, traj in enumerate(ok) for n in range(traj.num_turns)}
         return targets, {"train/explained_variance": float(explained_variance(v, ret, mask)),
@@ -181,11 +217,17 @@ class TokenPPO(GroupSchedule):
     def __init__(self, gamma: float = 1.0, lam: float = 1.0, group_size: int = 1, whiten_advantages: bool = True,
                  ppo: PPOSettings | None = None) -> None:
         _check_discount(gamma, lam)
-        super().__init__(group_size, ppo or PPOSettings(aggregate=token_mean))
+        super().__init__(group_size, ppo)
         self.gamma, self.lam = gamma, lam
         self.whiten_advantages = whiten_advantages
 
+    def default_aggregate(self) -> Aggregator:
+        return token_mean
+
     def targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
+        if not ok:
+            _whiten(learner, torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.bool), self.whiten_advantages)
+            return {}, {}
         values = learner.values(ok, keys_of(ok))
         # each episode's response tokens in order: observation tokens are simply absent (masked)
         lengths = [sum(len(t.response_ids) for t in traj.turns) for traj in ok]
@@ -201,8 +243,7 @@ class TokenPPO(GroupSchedule):
                     rewards[b, pos + n - 1] = r
                 pos += n
         adv, ret = token_gae(rewards, v, mask, gamma=self.gamma, lam=self.lam)
-        if self.whiten_advantages and int(mask.sum()) > 1:
-            adv = whiten(adv, mask)
+        adv = _whiten(learner, adv, mask, self.whiten_advantages)
         targets = {}
         for b, traj in enumerate(ok):
             pos = 0

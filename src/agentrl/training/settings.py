@@ -4,7 +4,7 @@ validated in ``__post_init__`` with a message that names the field and the allow
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agentrl.algorithms.losses import Aggregator, RatioFn, token_log_ratio, token_mean, turn_mean
 
@@ -66,7 +66,9 @@ class PPOSettings:
         kl_coef: k3 KL penalty to the reference policy (needs LoRA: the frozen base is the reference).
         value_clip: Value-loss clip range around the rollout-time value; None disables.
         ratio: `agentrl.algorithms.token_log_ratio` (RTPO Eq. 5) or `agentrl.algorithms.turn_log_ratio`.
-        aggregate: `agentrl.algorithms.turn_mean` (RTPO Eq. 6) or `agentrl.algorithms.token_mean`.
+        aggregate: `agentrl.algorithms.turn_mean` (RTPO Eq. 6) or `agentrl.algorithms.token_mean`; null (the
+            default) takes the schedule's own default (token-PPO: token mean; the others: turn mean), so setting
+            another ``ppo`` key never changes the aggregation.
     """
 
     clip_low: float = 0.2
@@ -78,7 +80,7 @@ class PPOSettings:
     kl_coef: float = 0.0
     value_clip: float | None = 0.2
     ratio: RatioFn = token_log_ratio
-    aggregate: Aggregator = turn_mean
+    aggregate: Aggregator | None = None
 
     def __post_init__(self) -> None:
         _check(0 <= self.clip_low < 1, "ppo.clip_low", "in [0, 1)", self.clip_low)
@@ -90,12 +92,21 @@ class PPOSettings:
         _check(self.entropy_coef >= 0, "ppo.entropy_coef", ">= 0", self.entropy_coef)
         _check(self.kl_coef >= 0, "ppo.kl_coef", ">= 0", self.kl_coef)
         _check(self.value_clip is None or self.value_clip > 0, "ppo.value_clip", "> 0 or null", self.value_clip)
-        _check(self.aggregate in AGGREGATION_UNITS, "ppo.aggregate",
-               "agentrl.algorithms.turn_mean or agentrl.algorithms.token_mean", self.aggregate)
+        _check(self.aggregate is None or self.aggregate in AGGREGATION_UNITS, "ppo.aggregate",
+               "agentrl.algorithms.turn_mean, agentrl.algorithms.token_mean or null", self.aggregate)
+
+    def with_default_aggregate(self, aggregate: Aggregator) -> PPOSettings:
+        """These settings with ``aggregate`` filled in when it was left null (an explicit value wins)."""
+        return self if self.aggregate is not None else replace(self, aggregate=aggregate)
+
+    @property
+    def aggregator(self) -> Aggregator:
+        """The aggregation in use (turn mean when none was resolved)."""
+        return self.aggregate or turn_mean
 
     @property
     def units(self) -> str:
-        return AGGREGATION_UNITS[self.aggregate]
+        return AGGREGATION_UNITS[self.aggregator]
 
 
 @dataclass

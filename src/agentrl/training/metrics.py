@@ -1,0 +1,76 @@
+"""Step metrics over all ranks: what is logged at a step describes every rank's episodes and turns, not rank 0's.
+
+Each rank computes its step's metrics from its own share. Before logging, every metric is reduced across the
+ranks with torchmetrics' aggregation metrics (`SumMetric`, `MeanMetric`), whose ``compute`` synchronises over
+the process group Lightning set up:
+
+* **sums** — counts (``*/episodes``, ``perf/generated_tokens``, ``rtpo/depth*/siblings``) and the ``train/*``
+  loss statistics, which the trainer accumulates as each rank's share of the *global* minibatch (see
+  `agentrl.training.objective`), so their sum over ranks is the one-process value;
+* **weighted means** — per-episode means (``rollout/reward``, ``success``, …) weighted by the rank's non-failed
+  episodes, per-turn means by its sampled turns, RTPO per-depth means by its siblings at that depth;
+* **plain means** — everything else (timings, identical-on-every-rank values such as ``train/grad_norm``).
+
+A metric missing on some rank (no episodes there) counts with weight 0. On one process nothing changes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+import torch.distributed as dist
+from torchmetrics.aggregation import MeanMetric, SumMetric
+
+from agentrl.training import distributed
+
+_PARTIAL = ("policy_loss", "approx_kl", "clipfrac", "entropy", "value_loss", "value_clipfrac", "kl_ref")
+_SUMMED = re.compile(
+    r"^(?:[a-z]+/(?:episodes|ok_episodes|sampled_turns)|perf/generated_tokens|rtpo/depth\d+/siblings"
+    r"|(?:train|rtpo/depth\d+)/(?:" + "|".join(_PARTIAL) + r"))$"
+)
+_PER_EPISODE = ("reward", "success", "turns", "truncated")
+_PER_TURN = ("tokens_per_turn", "length_finish")
+
+
+def weight_key(name: str) -> str | None:
+    """The metric whose value weighs ``name`` in the mean over ranks (None: equal weights)."""
+    prefix, _, leaf = name.rpartition("/")
+    if prefix in ("rollout", "eval") and leaf in _PER_EPISODE:
+        return f"{prefix}/ok_episodes"
+    if prefix in ("rollout", "eval") and leaf in _PER_TURN:
+        return f"{prefix}/sampled_turns"
+    if prefix.startswith("rtpo/depth") and leaf not in _PARTIAL and leaf != "siblings":
+        return f"{prefix}/siblings"
+    return None
+
+
+def is_summed(name: str) -> bool:
+    return bool(_SUMMED.match(name))
+
+
+def reduce_across_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    """``metrics`` of this rank → the step's metrics over all ranks (a collective: every rank calls it)."""
+    if not distributed.active():
+        return dict(metrics)
+    gathered: list[list[str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, sorted(metrics))
+    names = sorted({name for keys in gathered for name in keys or []})
+    out: dict[str, float] = {}
+    for name in names:  # the same names in the same order on every rank
+        present = name in metrics
+        value = metrics.get(name, 0.0)
+        if is_summed(name):
+            total = SumMetric()
+            total.update(torch.tensor(value if present else 0.0, dtype=torch.float64))
+            out[name] = float(total.compute())
+            continue
+        key = weight_key(name)
+        weight = (metrics.get(key, 0.0) if key is not None else 1.0) if present else 0.0
+        mean = MeanMetric(nan_strategy="ignore")
+        finite = math.isfinite(value)
+        mean.update(torch.tensor(value if finite else 0.0, dtype=torch.float64),
+                    weight=torch.tensor(weight if finite else 0.0, dtype=torch.float64))
+        out[name] = float(mean.compute())
+    return out
