@@ -65,4 +65,5 @@ def test_a_request_that_fails_in_the_engine_fails_alone(tiny_policy: Policy) -> 
                                           ("temperature", float("nan")), ("seed", 2**70)])
 def test_sampling_params_refuse_values_the_engine_cannot_sample(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=f"sampling.{field}"):
-        SamplingParams(**{field: value})
+        kwargs: dict[str, Any] = {field: value}
+        SamplingParams(**kwargs)

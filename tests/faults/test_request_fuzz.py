@@ -1,8 +1,9 @@
 """Fuzzing the OpenAI request schema of ``agentrl serve`` (completions and chat) with hypothesis.
 
-Requests are drawn from plausible values of every field (some out of range; fields vLLM has and agentrl does not
-implement too), and then some fields are replaced by arbitrary JSON (wrong types, huge and negative numbers, NaN,
-nested lists and objects) or dropped, or the body is not an object at all.
+Each field of the completions and chat schemas has valid values and edge values (out of range, extreme floats,
+empty, fields vLLM has and agentrl refuses). A request is valid, or has one or a few fields at an edge value, or
+replaced by arbitrary JSON (wrong types, huge and negative numbers, NaN, nested lists and objects), or dropped; or
+the body is not an object at all.
 Generation stays small (``max_tokens`` is never a number above 8, and chat always sets it), so a run takes well
 under a minute. Each request must answer before its 60 s timeout, never with a 5xx, and any error in the OpenAI
 shape; afterwards the server answers ``/health`` and its log holds no traceback. The examples are derandomized:
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 from tests.faults.conftest import is_openai_error
 from tests.support.server import Server
 
-FUZZ = settings(max_examples=120, deadline=None, database=None, derandomize=True,
+FUZZ = settings(max_examples=150, deadline=None, database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow])
 scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=12))
 json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
@@ -29,77 +30,86 @@ json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
 small_work = json_values.filter(lambda v: not isinstance(v, int | float) or isinstance(v, bool) or not v > 8)
 
 
-def mostly(good: st.SearchStrategy[Any], rare: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    """``good`` about three times in four."""
-    return st.sampled_from([good, good, good, rare]).flatmap(lambda strategy: strategy)
+Field = tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]
+"""A field's valid values and its edge values (out of range, special, or refused by agentrl)."""
 
-
-token_ids = mostly(st.lists(st.integers(0, 319), min_size=1, max_size=10), st.lists(st.integers(-3, 400), max_size=3))
-SAMPLING = {  # plausible values, mostly valid; `bodies` swaps in arbitrary JSON
-    "model": mostly(st.just("tiny-random"), st.just("no-such-model")),
-    "n": st.integers(1, 4),
-    "seed": mostly(st.integers(-(2**63), 2**63 - 1), st.sampled_from([2**64 - 1, 2**70, -(2**64)])),
-    "temperature": mostly(st.floats(0, 3), st.sampled_from([0.0, 1e-45, 1e-8, 1.0, -0.5])),
-    "top_p": mostly(st.floats(1e-9, 1.0), st.sampled_from([0.0, 1.5])),
-    "top_k": st.integers(-2, 300),
-    "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=3),
-    "stop_token_ids": token_ids,
-    "ignore_eos": st.booleans(),
-    "include_stop_str_in_output": st.booleans(),
-    "skip_special_tokens": st.booleans(),
-    "return_token_ids": st.booleans(),
-    "return_tokens_as_token_ids": st.booleans(),
-    "stream": mostly(st.sampled_from([False, None]), st.just(True)),
-    "presence_penalty": st.sampled_from([0.0, 0, None, 0.5]),
+ids = st.lists(st.integers(0, 319), min_size=1, max_size=10)
+SAMPLING: dict[str, Field] = {
+    "model": (st.just("tiny-random"), st.sampled_from(["no-such-model", ""])),
+    "n": (st.integers(1, 4), st.sampled_from([0, -1, 65])),
+    "seed": (st.integers(-(2**63), 2**63 - 1), st.sampled_from([2**63, 2**64 - 1, 2**70, -(2**63) - 1])),
+    "temperature": (st.floats(0, 3), st.sampled_from([1e-45, 1e-8, 5e-324, -0.5, 1e308])),
+    "top_p": (st.floats(1e-9, 1.0), st.sampled_from([0.0, 1.5, 5e-324, -1.0])),
+    "top_k": (st.integers(-1, 300), st.sampled_from([-2, 2**70, 0])),
+    "stop": (st.text(min_size=1, max_size=3) | st.lists(st.text(min_size=1, max_size=3), max_size=3),
+             st.sampled_from(["", [""], ["a"] * 500])),
+    "stop_token_ids": (st.lists(st.integers(0, 319), max_size=3), st.sampled_from([[-1], [2**70], [10**6]])),
+    "ignore_eos": (st.booleans(), st.sampled_from([None, "yes"])),
+    "include_stop_str_in_output": (st.booleans(), st.just(None)),
+    "skip_special_tokens": (st.booleans(), st.just(None)),
+    "return_token_ids": (st.booleans(), st.just(None)),
+    "return_tokens_as_token_ids": (st.booleans(), st.just(None)),
+    "stream": (st.sampled_from([False, None]), st.just(True)),
+    "presence_penalty": (st.sampled_from([0.0, 0, None]), st.sampled_from([0.5, -2.0])),
 }
-COMPLETION = {
+COMPLETION: dict[str, Field] = {
     **SAMPLING,
-    "prompt": (token_ids | st.text(min_size=1, max_size=30) | st.lists(token_ids, min_size=1, max_size=3)
-               | st.lists(st.text(max_size=10), min_size=1, max_size=3)),
-    "max_tokens": mostly(st.integers(1, 8), st.sampled_from([-1, 0])),
-    "logprobs": mostly(st.integers(0, 5), st.sampled_from([-1, 21])),
-    "add_special_tokens": st.booleans(),
+    "prompt": (ids | st.text(min_size=1, max_size=30) | st.lists(ids, min_size=1, max_size=3)
+               | st.lists(st.text(min_size=1, max_size=10), min_size=1, max_size=3),
+               st.sampled_from([[], "", [[]], [[1], "a"], [-1], [2**70], [1.5], [[1, 2], [3, [4]]]])),
+    "max_tokens": (st.integers(1, 8), st.sampled_from([-1, 0, None])),
+    "logprobs": (st.integers(0, 5), st.sampled_from([-1, 21, True])),
+    "add_special_tokens": (st.booleans(), st.just(None)),
 }
-arguments = st.sampled_from(['{"city": "Paris"}', "{", "", "[[[]]]", "null", {"city": "Paris"}])
+arguments = st.sampled_from(['{"city": "Paris"}', {"city": "Paris"}, "", "{", "[[[]]]", "null", "1e999", '"x"'])
 tool_call = st.fixed_dictionaries(
     {"function": st.fixed_dictionaries({"name": st.sampled_from(["get_weather", ""]), "arguments": arguments})},
     optional={"id": st.text(max_size=5), "type": st.just("function")})
 content = st.none() | st.text(max_size=20) | st.lists(st.fixed_dictionaries(
-    {"type": st.sampled_from(["text", "image_url"]), "text": st.text(max_size=10)}), max_size=2)
-message = st.fixed_dictionaries(
-    {"role": st.sampled_from(["system", "user", "user", "assistant", "tool", "robot"]), "content": content},
-    optional={"tool_calls": st.lists(tool_call, max_size=2), "tool_call_id": st.text(max_size=5)})
+    {"type": st.just("text"), "text": st.text(max_size=10)}), min_size=1, max_size=2)
+message = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool"]), "content": content},
+                                optional={"tool_calls": st.lists(tool_call, max_size=2)})
+odd_message = st.sampled_from([
+    {"role": "robot", "content": "x"}, {"content": "x"}, {"role": "user", "content": [{"type": "image_url"}]},
+    {"role": "user", "content": 5}, {"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]},
+    {"role": "tool", "content": None, "tool_call_id": None}, {"role": "user", "content": [{"type": "text"}]}])
 tool = st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
     {"name": st.sampled_from(["get_weather", "search"])},
     optional={"parameters": st.just({"type": "object", "properties": {"city": {"type": "string"}}}),
               "description": st.text(max_size=10)})})
-CHAT = {
+CHAT: dict[str, Field] = {
     **SAMPLING,
-    "messages": st.lists(message, min_size=1, max_size=4),
-    "max_tokens": mostly(st.integers(1, 8), st.sampled_from([-1, 0])),
-    "logprobs": st.booleans(),
-    "top_logprobs": mostly(st.integers(0, 5), st.sampled_from([-1, 21])),
-    "tools": st.lists(tool, max_size=2),
-    "tool_choice": st.sampled_from(["none", "auto", "required", {"type": "function", "function": {
-        "name": "get_weather"}}, {"type": "function", "function": {"name": "missing"}}]),
-    "add_generation_prompt": st.booleans(),
+    "messages": (st.lists(message, min_size=1, max_size=4),
+                 st.lists(message | odd_message, max_size=3) | st.just([])),
+    "max_tokens": (st.integers(1, 8), st.sampled_from([-1, 0])),
+    "logprobs": (st.booleans(), st.just(None)),
+    "top_logprobs": (st.integers(0, 5), st.sampled_from([-1, 21, None])),
+    "tools": (st.lists(tool, max_size=2), st.sampled_from([[], [{"type": "function"}], [{"function": {}}]])),
+    "tool_choice": (st.sampled_from(["none", "auto", {"type": "function", "function": {"name": "get_weather"}}]),
+                    st.sampled_from(["required", "sometimes", {"type": "function", "function": {"name": "missing"}},
+                                     {"function": {}}])),
+    "add_generation_prompt": (st.booleans(), st.just(None)),
 }
 
 
 @st.composite
-def bodies(draw: st.DrawFn, fields: dict[str, st.SearchStrategy[Any]], required: tuple[str, ...]) -> Any:
-    """A request of plausible fields (the required ones and some others), then as often as not some fields
-    replaced by arbitrary JSON or dropped; now and then not an object at all. ``max_tokens`` is never dropped and
-    never a number above 8: it bounds the work (chat without it generates up to the context window)."""
-    mode = draw(st.sampled_from(["plausible", "plausible", "one-wrong", "some-wrong", "not-an-object"]))
+def bodies(draw: st.DrawFn, fields: dict[str, Field], required: tuple[str, ...]) -> Any:
+    """A valid request (the required fields and some others); then, in most examples, one or a few fields set to
+    an edge value, or to arbitrary JSON, or dropped; now and then a body that is not an object at all.
+    ``max_tokens`` is never dropped and never a number above 8: it bounds the work (chat without it generates up
+    to the context window)."""
+    mode = draw(st.sampled_from(["valid", "one-edge", "one-edge", "some-edges", "one-wrong", "some-wrong",
+                                 "not-an-object"]))
     if mode == "not-an-object":
         return draw(json_values)
     body: dict[str, Any] = draw(st.fixed_dictionaries(
-        {k: fields[k] for k in required}, optional={k: v for k, v in fields.items() if k not in required}))
-    wrong = (draw(st.lists(st.sampled_from(sorted(fields)), min_size=1, max_size=1 if mode == "one-wrong" else 4))
-             if mode != "plausible" else [])
-    for key in wrong:
-        if key == "max_tokens":
+        {k: fields[k][0] for k in required}, optional={k: v[0] for k, v in fields.items() if k not in required}))
+    changed = [] if mode == "valid" else draw(st.lists(st.sampled_from(sorted(fields)), min_size=1,
+                                                       max_size=1 if mode.startswith("one") else 4))
+    for key in changed:
+        if mode.endswith("edge") or mode.endswith("edges"):
+            body[key] = draw(fields[key][1])
+        elif key == "max_tokens":
             body[key] = draw(small_work.filter(lambda v: v is not None))
         elif draw(st.booleans()):
             body[key] = draw(json_values)
