@@ -86,12 +86,6 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
-def check_depth(value: Any, what: str) -> None:
-    """Raise ``ValueError`` when ``value`` nests deeper than `MAX_JSON_DEPTH`."""
-    if json_depth(value) > MAX_JSON_DEPTH:
-        raise ValueError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
-
-
 class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
 
