@@ -28,7 +28,9 @@ def smollm2_policy():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A shared tiny-random server with LoRA slots (r=8, alpha=16, q/v) and an API key."""
-    server = start_server(tmp_path_factory.mktemp("serve"), *LORA_ARGS, api_key=API_KEY)
+    """A shared tiny-random server with LoRA slots (r=8, alpha=16, q/v) and an API key; adapters load from any
+    of the session's temporary folders."""
+    server = start_server(tmp_path_factory.mktemp("serve"), *LORA_ARGS, api_key=API_KEY,
+                          lora_root=tmp_path_factory.getbasetemp())
     yield server
     server.stop()

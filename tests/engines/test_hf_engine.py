@@ -154,3 +154,26 @@ def test_engine_serves_updated_weights(tiny_policy: Policy) -> None:
     assert after.logprobs != before.logprobs
     diff = (_trainer_logprobs(tiny_policy, prompt, after) - torch.tensor(after.logprobs)).abs().max().item()
     assert diff <= 1e-4
+
+
+def test_cancelled_requests_leave_the_batch_and_the_rest_is_unchanged(tiny_policy: Policy) -> None:
+    engine = HFEngine(tiny_policy, max_batch_size=2)
+    sp = SamplingParams(max_tokens=40, stop_token_ids=())
+    prompts = [_prompt(6, i) for i in range(4)]
+
+    async def run(cancel: bool) -> list[Completion]:
+        tasks = [asyncio.create_task(engine.generate(p, sp.with_seed(i))) for i, p in enumerate(prompts)]
+        if cancel:
+            while engine.stats.decode_steps < 3:  # row 0 is decoding, row 3 still waits for a slot
+                await asyncio.sleep(0)
+            tasks[0].cancel()
+            tasks[3].cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        return [d for d in done if isinstance(d, Completion)]
+
+    kept = asyncio.run(run(cancel=True))
+    assert engine.stats.cancelled == 2 and engine.running == 0 and engine.waiting == 0
+    assert engine._batch.size == 0  # no KV rows left behind
+    assert engine.stats.generated_tokens < 4 * 40
+    clean = asyncio.run(run(cancel=False))
+    assert [c.token_ids for c in kept] == [c.token_ids for c in clean[1:3]]  # seeded: company does not matter

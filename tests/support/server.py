@@ -52,11 +52,13 @@ def free_port() -> int:
 
 
 def start_server(log_dir: Path, *args: str, model: str = "tiny-random", api_key: str | None = None,
-                 timeout: float = 120.0) -> Server:
-    """Start ``agentrl serve --model <model> <args>`` and wait until ``/health`` answers."""
+                 timeout: float = 120.0, lora_root: Path | None = None) -> Server:
+    """Start ``agentrl serve --model <model> <args>`` and wait until ``/health`` answers; adapters load from
+    ``lora_root`` (default: ``log_dir``)."""
     port = free_port()
     log = log_dir / f"serve-{port}.log"
-    cmd = [sys.executable, "-m", "agentrl.cli", "serve", "--model", model, "--port", str(port), *args]
+    cmd = [sys.executable, "-m", "agentrl.cli", "serve", "--model", model, "--port", str(port),
+           "--lora-modules-root", str(lora_root or log_dir), *args]
     if api_key:
         cmd += ["--api-key", api_key]
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")

@@ -13,10 +13,17 @@ simply the model's distribution.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from agentrl.types import FinishReason
+
+MIN_TEMPERATURE = 1e-2
+"""Smallest non-zero temperature: below it ``logits / temperature`` overflows float32 (vLLM raises smaller
+temperatures to this value; `SamplingParams` refuses them)."""
+SEED_RANGE = (-(2**63), 2**64 - 1)
+"""Seeds a ``torch.Generator`` accepts."""
 
 
 @dataclass(frozen=True)
@@ -42,12 +49,15 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
+        if not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature < math.inf):
+            raise ValueError(f"sampling.temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, "
+                             f"got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"sampling.top_k must be >= 0, got {self.top_k}")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise ValueError(f"sampling.seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {self.seed}")
 
     def with_seed(self, seed: int | None) -> SamplingParams:
         return replace(self, seed=seed)

@@ -10,6 +10,11 @@
   turn k+1's prompt is turn k's prompt + response + the new observation, so the conversation is not re-read.
 * **Per-request seeded sampling.** Each request samples from its own ``torch.Generator``, so its tokens do not
   depend on which other requests share the batch.
+* **A request fails or leaves alone.** An error while prefilling or sampling one request (its stop callback, a
+  non-finite distribution) fails that request only; the rest of the batch goes on. Only an error in the batched
+  forward pass, which no single request owns, fails every request in flight. A caller that cancels its
+  ``generate`` (the HTTP server does when the client disconnects) has its request dropped from the queue or the
+  decode batch before the next step, which frees its KV rows (``stats.cancelled`` counts them).
 
 The forward passes run in a worker thread (``asyncio.to_thread``) so that agents' tool calls and environment
 steps proceed on the event loop meanwhile.
@@ -20,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -50,6 +56,12 @@ class _Request:
     out_logprobs: list[float] = field(default_factory=list)
     cached: int = 0
     finish: FinishReason | None = None
+    error: Exception | None = None  # set in the worker thread when this request alone failed
+
+    @property
+    def gone(self) -> bool:
+        """Finished, failed, or cancelled by its caller: it leaves the batch at the next retire."""
+        return self.finish is not None or self.error is not None or self.future.done()
 
 
 @dataclass
@@ -61,6 +73,8 @@ class EngineStats:
     prefill_tokens: int = 0
     cached_tokens: int = 0
     decode_steps: int = 0
+    cancelled: int = 0
+    failed: int = 0
     busy_seconds: float = 0.0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
@@ -157,6 +171,16 @@ class HFEngine:
         self._wakeup.set()
         return await req.future
 
+    @property
+    def running(self) -> int:
+        """Requests in the decode batch."""
+        return len(self._active)
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued for a batch slot."""
+        return len(self._waiting)
+
     def reset_stats(self) -> None:
         self.stats = EngineStats()
 
@@ -190,15 +214,17 @@ class HFEngine:
             if not self._waiting and not self._active:
                 self._wakeup.clear()
                 await self._wakeup.wait()
+            self._drop_cancelled_waiting()
             admitted: list[_Request] = []
             while self._waiting and len(self._active) + len(admitted) < self.max_batch_size:
-                req = self._waiting.popleft()
-                if not req.future.done():
-                    admitted.append(req)
+                admitted.append(self._waiting.popleft())
             try:
                 if admitted:
                     await asyncio.to_thread(self._timed, self._prefill, admitted)
-                    self._active.extend(admitted)
+                    self._active.extend(r for r in admitted if r.error is None)
+                    for req in admitted:
+                        if req.error is not None:
+                            self._fail(req)
                     self._retire()
                 if self._active:
                     await asyncio.to_thread(self._timed, self._decode_step)
@@ -209,6 +235,20 @@ class HFEngine:
                     if not req.future.done():
                         req.future.set_exception(exc)
                 self._active, self._batch = [], BatchKV(self._num_layers)
+
+    def _drop_cancelled_waiting(self) -> None:
+        """Forget queued requests whose caller gave up (they hold no KV yet)."""
+        if any(r.future.done() for r in self._waiting):
+            self.stats.cancelled += sum(r.future.cancelled() for r in self._waiting)
+            self._waiting = deque(r for r in self._waiting if not r.future.done())
+
+    def _fail(self, req: _Request) -> None:
+        """Fail one request with its own error (on the event loop)."""
+        assert req.error is not None
+        self.stats.failed += 1
+        log.warning("HFEngine request failed alone: %s: %s", type(req.error).__name__, req.error)
+        if not req.future.done():
+            req.future.set_exception(req.error)
 
     def _timed(self, fn: Any, *args: Any) -> None:
         with self._step_context() if self._step_context is not None else contextlib.nullcontext():
@@ -233,17 +273,24 @@ class HFEngine:
                 self.stats.decode_seconds += spent
 
     def _retire(self) -> None:
-        """Complete finished requests, store their KV for prefix reuse, and shrink the batch."""
+        """Complete finished requests (storing their KV for prefix reuse), fail failed ones, drop cancelled ones,
+        and shrink the batch to the rest."""
         keep = []
         for row, req in enumerate(self._active):
-            if req.finish is None:
+            if not req.gone:
                 keep.append(row)
                 continue
+            if req.future.done():  # cancelled by its caller (or aborted by shutdown): no KV worth keeping
+                self.stats.cancelled += req.future.cancelled()
+                continue
+            if req.error is not None:
+                self._fail(req)
+                continue
+            assert req.finish is not None
             if req.session is not None:
                 ids = (req.prompt_ids + req.out_ids)[: len(req.prompt_ids) + len(req.out_ids) - 1]
                 self._prefix.put(req.session, ids, self._batch.extract(row))
-            if not req.future.done():
-                req.future.set_result(self._completion(req, req.finish))
+            req.future.set_result(self._completion(req, req.finish))
         if len(keep) != len(self._active):
             self._active = [self._active[i] for i in keep]
             self._batch.keep(keep)
@@ -266,26 +313,33 @@ class HFEngine:
             logits = self.policy.lm_head(out.last_hidden_state[:, -1])
         return logits.float()
 
+    def _prefill_one(self, req: _Request) -> None:
+        """Prefill a new request (reusing a stored prefix when one matches), sample its first token, and add it to
+        the decode batch."""
+        cached, kv = self._prefix.lookup(req.prompt_ids)
+        cache = make_cache(self._num_layers, kv)
+        n = len(req.prompt_ids)
+        ids = torch.tensor([req.prompt_ids[cached:]], device=self._device)
+        positions = torch.arange(cached, n, device=self._device).unsqueeze(0)
+        mask = torch.ones(1, n, dtype=torch.long, device=self._device)
+        logits = self._forward(ids, mask, positions, cache)
+        req.cached = cached
+        self.stats.prefill_tokens += n - cached
+        self.stats.cached_tokens += cached
+        prompt_kv: KV = cache_kv(cache)
+        if req.session is not None:
+            stored = [(k.clone(), v.clone()) for k, v in prompt_kv]
+            self._prefix.put(f"{req.session}/prompt", req.prompt_ids, stored)
+        self._sample(req, logits[0])
+        self._batch.add(prompt_kv)  # last: a request that failed above has no row
+
     def _prefill(self, requests: list[_Request]) -> None:
-        """Prefill each new request (reusing a stored prefix when one matches), sample its first token, and
-        add it to the decode batch."""
+        """Prefill each request on its own; one that fails is marked (``error``) and gets no batch row."""
         for req in requests:
-            cached, kv = self._prefix.lookup(req.prompt_ids)
-            cache = make_cache(self._num_layers, kv)
-            n = len(req.prompt_ids)
-            ids = torch.tensor([req.prompt_ids[cached:]], device=self._device)
-            positions = torch.arange(cached, n, device=self._device).unsqueeze(0)
-            mask = torch.ones(1, n, dtype=torch.long, device=self._device)
-            logits = self._forward(ids, mask, positions, cache)
-            req.cached = cached
-            self.stats.prefill_tokens += n - cached
-            self.stats.cached_tokens += cached
-            prompt_kv: KV = cache_kv(cache)
-            if req.session is not None:
-                stored = [(k.clone(), v.clone()) for k, v in prompt_kv]
-                self._prefix.put(f"{req.session}/prompt", req.prompt_ids, stored)
-            self._batch.add(prompt_kv)
-            self._sample(req, logits[0])
+            try:
+                self._prefill_one(req)
+            except Exception as exc:
+                req.error = exc
 
     def _decode_step(self) -> None:
         assert self._batch.mask is not None
@@ -296,7 +350,12 @@ class HFEngine:
         logits = self._forward(tokens, mask, positions, self._batch.cache)
         self.stats.decode_steps += 1
         for row, req in enumerate(self._active):
-            self._sample(req, logits[row])
+            if req.future.done():
+                continue  # cancelled meanwhile: retired after this step
+            try:
+                self._sample(req, logits[row])
+            except Exception as exc:  # this request's own fault (stop callback, distribution): it alone fails
+                req.error = exc
 
     def _sample(self, req: _Request, logits: Tensor) -> None:
         """Sample one token for ``req`` from its own generator; record token, log-prob and finish reason."""
@@ -308,6 +367,9 @@ class HFEngine:
             logp = torch.log_softmax(logits / sp.temperature, -1)
             probs = _truncate(logp.exp(), sp.top_k, sp.top_p)
             token = int(torch.multinomial(probs, 1, generator=req.generator))
+        if not math.isfinite(float(logp[token])):
+            raise ValueError(f"non-finite log-probability for the sampled token (temperature {sp.temperature}): "
+                             "the logits are not finite")
         req.out_ids.append(token)
         req.out_logprobs.append(float(logp[token]))
         self.stats.generated_tokens += 1

@@ -12,6 +12,15 @@ independent copy of those models that the conformance tests validate against.
 Requests declare only the fields ``agentrl serve`` implements. Like vLLM, other fields are accepted and ignored,
 except those that would change the result and are not implemented (penalties, beam search, streaming, ...):
 `unsupported_fields` names them and the server answers 400 instead of silently returning something else.
+
+Validation that every OpenAI-compatible front end of agentrl shares (``agentrl serve``, the training gateway) lives
+here, in the models, so that a malformed request is a 400 before any engine sees it:
+
+* bodies nest at most `MAX_JSON_DEPTH` levels (deeper JSON is refused before anything recurses over it);
+* ``seed`` is a 64-bit signed integer and ``temperature``/``top_p`` are finite (vLLM's bounds); a temperature in
+  (0, `MIN_TEMPERATURE`) is raised to `MIN_TEMPERATURE`, as vLLM does, because dividing logits by it overflows;
+* chat messages have a string ``role`` and, when given, ``tool_calls`` of the OpenAI shape
+  (``[{"id", "type": "function", "function": {"name", "arguments"}}]``).
 """
 
 from __future__ import annotations
@@ -20,9 +29,15 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
+from pydantic_core import PydanticCustomError
+
+from agentrl.engines.base import MIN_TEMPERATURE
 
 StopParam = str | list[str] | None
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of lists and objects accepted in a request body (or a tool call's JSON arguments)."""
+_INT64 = 2**63
 
 # field -> values that mean "off"; any other value of these fields is refused with 400
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -57,8 +72,30 @@ def unsupported_fields(body: dict[str, Any]) -> list[str]:
     return sorted(k for k, neutral in _NEUTRAL.items() if k in body and body[k] not in neutral)
 
 
+def json_depth(value: Any) -> int:
+    """Nesting depth of lists and dicts in ``value`` (0 for a scalar), computed without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth <= MAX_JSON_DEPTH:  # deeper than the limit is all a caller needs to know
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shallow(cls, data: Any) -> Any:
+        if json_depth(data) > MAX_JSON_DEPTH:
+            raise PydanticCustomError("too_deep", "the request body nests deeper than {limit} levels",
+                                      {"limit": MAX_JSON_DEPTH})
+        return data
 
 
 class SamplingFields(_Request):
@@ -66,9 +103,9 @@ class SamplingFields(_Request):
 
     model: str | None = None
     n: int = Field(1, ge=1, le=64)
-    seed: int | None = None
-    temperature: float | None = Field(None, ge=0.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=-_INT64, le=_INT64 - 1)
+    temperature: float | None = Field(None, ge=0.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=-1)
     stop: StopParam = Field(default_factory=list)
     stop_token_ids: list[int] | None = Field(default_factory=list)
@@ -78,6 +115,12 @@ class SamplingFields(_Request):
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
     session_id: str | None = None
+
+    @field_validator("temperature")
+    @classmethod
+    def _raise_tiny_temperature(cls, value: float | None) -> float | None:
+        """vLLM raises a temperature in (0, 0.01) to 0.01: dividing logits by less overflows float32."""
+        return MIN_TEMPERATURE if value is not None and 0.0 < value < MIN_TEMPERATURE else value
 
 
 class CompletionRequest(SamplingFields):
@@ -112,6 +155,31 @@ class ChatCompletionNamedToolChoiceParam(BaseModel):
 ToolChoice = Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam
 
 
+class FunctionCallParam(BaseModel):
+    """The ``function`` of a tool call in a request message (``arguments``: a JSON string, or the object)."""
+
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallParam(BaseModel):
+    """A tool call of an assistant message in a request."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallParam
+
+
+class ChatMessageParam(BaseModel):
+    """The checked part of a request message; the message itself reaches the chat template as sent."""
+
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallParam] | None = None
+
+
 class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``."""
 
@@ -124,6 +192,19 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = True
     add_generation_prompt: bool = True
+
+    @field_validator("messages")
+    @classmethod
+    def _check_messages(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, message in enumerate(messages):
+            try:
+                ChatMessageParam.model_validate(message)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+                raise PydanticCustomError("invalid_message", "messages[{i}]{where}: {msg}",
+                                          {"i": i, "where": where, "msg": first["msg"]}) from None
+        return messages
 
 
 class LoadLoRAAdapterRequest(BaseModel):

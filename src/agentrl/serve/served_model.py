@@ -10,6 +10,14 @@
   drops the adapter engine's prefix cache (its KV was computed with the old weights).
 * The adapter must match the served LoRA shape: same rank, alpha and target modules as ``--lora-rank``,
   ``--lora-alpha``, ``--lora-target-modules``; a mismatch is a 400 that names the field.
+* **Adapters load from one folder.** ``lora_path`` must lie inside the adapter root (``--lora-modules-root``,
+  default `DEFAULT_LORA_ROOT` in the server's working directory, which is where the trainer's
+  ``VLLMEngineSpec(adapter_dir="adapters")`` writes when started from the same directory); a relative
+  ``lora_path`` is taken inside the root. Paths are resolved (symbolic links followed) before the check, and a
+  path outside the root is refused with the same answer whether it exists or not. Error messages name the adapter
+  and the file, never a path, so the API tells nobody what exists on the server's disk. A malformed adapter
+  (config that is not a UTF-8 JSON object, unreadable weights, a pickle that ``torch.load(weights_only=True)``
+  refuses) is a 400.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import re
+import reprlib
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -32,6 +41,8 @@ from agentrl.models.policy import Policy, unwrap
 
 _SAVED_KEY = re.compile(r"^(.*\.lora_[AB])\.weight$")
 _ADAPTER = "default"  # the peft adapter slot of the served model
+DEFAULT_LORA_ROOT = "adapters"
+"""Default adapter root, relative to the server's working directory."""
 
 
 class ServeError(Exception):
@@ -99,12 +110,14 @@ class ServedModel:
         max_batch_size: Most sequences one engine decodes together.
         prefix_cache_tokens: Token budget of each engine's prefix KV store.
         max_context: Context window (default: the model's).
+        lora_root: The only folder adapters load from (default: `DEFAULT_LORA_ROOT` in the working directory).
     """
 
     def __init__(self, policy: Policy, name: str, *, max_batch_size: int = 32, prefix_cache_tokens: int = 32768,
-                 max_context: int | None = None) -> None:
+                 max_context: int | None = None, lora_root: str | Path | None = None) -> None:
         self.policy = policy.eval()  # never trained here; dropout (if any) stays off in scoring passes too
         self.name = name
+        self.lora_root = Path(lora_root if lora_root is not None else DEFAULT_LORA_ROOT).resolve()
         self._lock = threading.Lock()
         kw: dict[str, Any] = {"max_batch_size": max_batch_size, "prefix_cache_tokens": prefix_cache_tokens,
                               "max_context": max_context}
@@ -171,13 +184,14 @@ class ServedModel:
             raise ServeError(f"lora_name '{name}' is the base model's name", 400, "InvalidUserInput", "lora_name")
         if self.resident is not None and self.resident.name == name:
             raise ServeError(f"The lora adapter '{name}' has already been loaded.", 400, "InvalidUserInput")
-        tensors = await asyncio.to_thread(self._read_adapter, Path(path))
+        folder = self._adapter_folder(name, path)
+        tensors = await asyncio.to_thread(self._read_adapter, name, folder)
         async with self._gate.write():
             await asyncio.to_thread(self._copy_in, tensors)
             # a new version drops the KV of the old weights
             await self.adapter_engine.update_weights(version=self.adapter_engine.version + 1)
             self.replaced = self.resident.name if self.resident is not None else None
-            self.resident = Resident(name, path)
+            self.resident = Resident(name, str(folder))
 
     def unload_adapter(self, name: str) -> None:
         """Unload ``name``. The adapter that the last load replaced counts as loaded until then, so the vLLM
@@ -189,23 +203,65 @@ class ServedModel:
             raise ServeError(f"The lora adapter '{name}' cannot be found.", 404, "NotFoundError")
         self.resident = None
 
-    def _read_adapter(self, folder: Path) -> dict[str, Tensor]:
-        """Check ``adapter_config.json`` against the served LoRA and read the weights into served names."""
-        config_file = folder / "adapter_config.json"
-        if not config_file.is_file():
-            raise ServeError(f"No adapter found at {folder} (no adapter_config.json)", 404, "NotFoundError")
-        config = json.loads(config_file.read_text())
-        self._check_config(config)
-        weights = folder / "adapter_model.safetensors"
-        if weights.is_file():
-            from safetensors.torch import load_file
+    def _adapter_folder(self, name: str, lora_path: str) -> Path:
+        """``lora_path`` resolved, if it lies inside the adapter root (else a 400 that says nothing about it)."""
+        try:
+            path = Path(lora_path)
+            folder = (path if path.is_absolute() else self.lora_root / path).resolve()
+        except (OSError, ValueError, RuntimeError):  # NUL bytes, over-long names, symbolic-link loops
+            folder = None
+        if folder is None or not folder.is_relative_to(self.lora_root):
+            raise ServeError(f"lora_path of adapter '{name}' is not inside the server's adapter folder: adapters load "
+                             "only from agentrl serve --lora-modules-root", 400, "InvalidUserInput", "lora_path")
+        return folder
 
-            saved = load_file(str(weights))
-        elif (folder / "adapter_model.bin").is_file():
-            saved = torch.load(folder / "adapter_model.bin", map_location="cpu", weights_only=True)
-        else:
-            raise ServeError(f"No adapter found at {folder} (no adapter_model.safetensors)", 404, "NotFoundError")
-        return self._map_names(saved)
+    def _adapter_file(self, folder: Path, filename: str) -> Path | None:
+        """``folder/filename`` if it is a file inside the root (a link out of the root does not count)."""
+        file = folder / filename
+        try:
+            return file if file.is_file() and file.resolve().is_relative_to(self.lora_root) else None
+        except (OSError, RuntimeError):
+            return None
+
+    def _read_adapter(self, name: str, folder: Path) -> dict[str, Tensor]:
+        """Check ``adapter_config.json`` against the served LoRA and read the weights into served names."""
+        config_file = self._adapter_file(folder, "adapter_config.json")
+        if config_file is None:
+            raise ServeError(f"No adapter '{name}' found at its lora_path (no adapter_config.json)", 404,
+                             "NotFoundError", "lora_path")
+        try:
+            config = json.loads(config_file.read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            config = None
+        if not isinstance(config, dict):
+            raise ServeError(f"adapter '{name}': adapter_config.json is not a UTF-8 JSON object", 400,
+                             "InvalidUserInput", "lora_path")
+        self._check_config(config)
+        return self._map_names(self._read_weights(name, folder))
+
+    def _read_weights(self, name: str, folder: Path) -> dict[str, Tensor]:
+        """The saved tensors: safetensors, or a ``.bin`` that ``torch.load(weights_only=True)`` accepts."""
+        weights = self._adapter_file(folder, "adapter_model.safetensors")
+        pickled = weights is None
+        weights = weights or self._adapter_file(folder, "adapter_model.bin")
+        if weights is None:
+            raise ServeError(f"No adapter '{name}' found at its lora_path (no adapter_model.safetensors)", 404,
+                             "NotFoundError", "lora_path")
+        try:
+            if pickled:
+                saved = torch.load(weights, map_location="cpu", weights_only=True)
+            else:
+                from safetensors.torch import load_file
+
+                saved = load_file(str(weights))
+        except Exception:  # any reader error is the file's fault: corrupt, truncated, or a refused pickle
+            saved = None
+        if not (isinstance(saved, dict) and all(isinstance(k, str) and isinstance(v, Tensor) and v.is_floating_point()
+                                                for k, v in saved.items())):
+            what = ("could not be read as tensors only (torch.load weights_only=True); save it with safetensors"
+                    if pickled else "is not a readable safetensors file")
+            raise ServeError(f"adapter '{name}': {weights.name} {what}", 400, "InvalidUserInput", "lora_path")
+        return saved
 
     def _check_config(self, config: dict[str, Any]) -> None:
         lora = self.policy.lora
@@ -213,11 +269,14 @@ class ServedModel:
         expected = {"peft_type": "LORA", "r": lora.r, "lora_alpha": lora.alpha}
         for key, want in expected.items():
             if config.get(key) != want:
-                raise ServeError(f"adapter {key} is {config.get(key)!r} but the served model's LoRA has {want!r} "
-                                 "(agentrl serve --lora-rank/--lora-alpha must match the trainer's policy.lora)")
-        if set(config.get("target_modules") or []) != set(lora.target_modules):
-            raise ServeError(f"adapter target_modules {sorted(config.get('target_modules') or [])} differ from the "
-                             f"served model's {sorted(lora.target_modules)} (--lora-target-modules)")
+                raise ServeError(f"adapter {key} is {reprlib.repr(config.get(key))} but the served model's LoRA has "
+                                 f"{want!r} (agentrl serve --lora-rank/--lora-alpha must match the trainer's "
+                                 "policy.lora)")
+        targets = config.get("target_modules") or []
+        if not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)) or set(targets) != set(
+                lora.target_modules):
+            raise ServeError(f"adapter target_modules {reprlib.repr(targets)} differ from the served model's "
+                             f"{sorted(lora.target_modules)} (--lora-target-modules)")
         for flag in ("use_dora", "use_rslora"):
             if config.get(flag):
                 raise ServeError(f"adapter uses {flag}, which agentrl serve does not support")

@@ -4,16 +4,20 @@ It lets the HTTP rollout path (`agentrl.engines.vllm.VLLMEngine`) and agents wri
 endpoint run on a machine without a GPU, and it is what the HTTP tests run against. Endpoints, with vLLM's
 request and response shapes (`agentrl.serve.openai_protocol`):
 
-* ``GET /health`` (never needs the key), ``GET /v1/models``;
+* ``GET /health`` (never needs the key), ``GET /v1/models``, ``GET /metrics`` (Prometheus text: requests running
+  and waiting, generated tokens, requests cancelled because their client left, requests failed alone);
 * ``POST /v1/completions`` — a text or token-id prompt (or a list of them), ``logprobs``, ``return_token_ids``,
   ``n``, ``seed``, ``stop``, ``stop_token_ids``, ``max_tokens``, ``temperature``, ``top_p``, ``top_k``;
 * ``POST /v1/chat/completions`` — messages and tools (Hermes tool calls; see `agentrl.serve.serving`);
 * ``POST /v1/load_lora_adapter`` / ``POST /v1/unload_lora_adapter`` — hot-load a peft adapter folder into the
-  served model (``--lora-rank``); one adapter is resident at a time (see `agentrl.serve.served_model`).
+  served model (``--lora-rank``); one adapter is resident at a time, loaded only from inside
+  ``--lora-modules-root`` (see `agentrl.serve.served_model`).
 
-The engine runs on the server's event loop; forward passes run in worker threads. The server binds 127.0.0.1
-unless told otherwise; with ``--api-key`` (or ``AGENTRL_API_KEY``) every ``/v1`` request needs
-``Authorization: Bearer <key>`` (401 ``{"error": "Unauthorized"}`` otherwise, as vLLM answers).
+The engine runs on the server's event loop; forward passes run in worker threads. A completion whose client
+disconnects is cancelled and leaves the decode batch. The server binds 127.0.0.1 unless told otherwise; with
+``--api-key`` (or ``AGENTRL_API_KEY``) every request but ``/health`` needs ``Authorization: Bearer <key>`` (401
+``{"error": "Unauthorized"}`` otherwise, as vLLM answers), the ``/docs`` and ``/openapi.json`` pages included.
+Errors have the OpenAI shape (`agentrl.serve.http_guards`).
 
 Example::
 
@@ -26,19 +30,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
-import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from agentrl.chat.tools import HermesToolParser
 from agentrl.engines.vllm import API_KEY_ENV  # one name for the key on both sides of the protocol
+from agentrl.serve.http_guards import BearerAuth, install_error_handlers, until_disconnected
 from agentrl.serve.openai_protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -52,10 +54,9 @@ from agentrl.serve.openai_protocol import (
     PromptTokenUsageInfo,
     UnloadLoRAAdapterRequest,
     UsageInfo,
-    error_body,
     unsupported_fields,
 )
-from agentrl.serve.served_model import ServedModel, ServeError
+from agentrl.serve.served_model import DEFAULT_LORA_ROOT, ServedModel, ServeError
 from agentrl.serve.serving import (
     Generation,
     chat_logprobs,
@@ -71,30 +72,6 @@ from agentrl.serve.serving import (
 )
 
 log = logging.getLogger(__name__)
-_GUARDED = ("/v1",)
-ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
-
-
-class BearerAuth:
-    """Pure ASGI middleware: ``/v1`` requests need ``Authorization: Bearer <key>`` (constant-time compare)."""
-
-    def __init__(self, app: ASGIApp, key: str) -> None:
-        self.app = app
-        self._digest = hashlib.sha256(key.encode()).digest()
-
-    def _authorised(self, scope: dict[str, Any]) -> bool:
-        headers = dict(scope.get("headers") or [])
-        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        return scheme.lower() == "bearer" and secrets.compare_digest(
-            hashlib.sha256(token.encode()).digest(), self._digest)
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        guarded = scope["type"] == "http" and scope.get("method") != "OPTIONS" and str(
-            scope.get("path", "")).startswith(_GUARDED)
-        if guarded and not self._authorised(scope):
-            await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
 
 
 def _check_supported(req: CompletionRequest | ChatCompletionRequest) -> None:
@@ -178,10 +155,35 @@ async def _chat(served: ServedModel, req: ChatCompletionRequest, parser: HermesT
 
 
 def _models(served: ServedModel) -> ModelList:
-    cards = [ModelCard(id=served.name, root=served.policy.name, max_model_len=served.max_context)]
+    """The served names; ``root`` is a name too, never a file-system path (vLLM shows the adapter's path)."""
+    cards = [ModelCard(id=served.name, root=served.name, max_model_len=served.max_context)]
     if served.resident is not None:
-        cards.append(ModelCard(id=served.resident.name, root=served.resident.path, parent=served.name))
+        cards.append(ModelCard(id=served.resident.name, root=served.resident.name, parent=served.name))
     return ModelList(data=cards)
+
+
+_METRICS = (  # name, type, help, value
+    ("num_requests_running", "gauge", "Requests in a decode batch.", lambda e: e.running),
+    ("num_requests_waiting", "gauge", "Requests waiting for a batch slot.", lambda e: e.waiting),
+    ("requests_total", "counter", "Requests received by the engines.", lambda e: e.stats.requests),
+    ("generation_tokens_total", "counter", "Tokens sampled.", lambda e: e.stats.generated_tokens),
+    ("prompt_tokens_total", "counter", "Prompt tokens prefilled (not from the prefix cache).",
+     lambda e: e.stats.prefill_tokens),
+    ("request_cancelled_total", "counter", "Requests dropped because their client disconnected.",
+     lambda e: e.stats.cancelled),
+    ("request_failed_total", "counter", "Requests that failed alone (their batch went on).",
+     lambda e: e.stats.failed),
+)
+
+
+def metrics_text(served: ServedModel) -> str:
+    """Prometheus text exposition of both engines' counters, summed (names as vLLM's, prefix ``agentrl:``)."""
+    engines = [e for e in (served.base, served.adapter_engine) if e is not None]
+    lines = []
+    for name, kind, doc, value in _METRICS:
+        lines += [f"# HELP agentrl:{name} {doc}", f"# TYPE agentrl:{name} {kind}",
+                  f"agentrl:{name} {sum(int(value(e)) for e in engines)}"]
+    return "\n".join(lines) + "\n"
 
 
 def _add_routes(app: FastAPI, served: ServedModel) -> None:
@@ -191,24 +193,28 @@ def _add_routes(app: FastAPI, served: ServedModel) -> None:
     async def health() -> Response:
         return Response(status_code=200)
 
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(metrics_text(served), media_type="text/plain; version=0.0.4")
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
         return JSONResponse(_models(served).model_dump())
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest) -> JSONResponse:
-        return JSONResponse((await _completions(served, req)).model_dump())
+    async def completions(req: CompletionRequest, request: Request) -> JSONResponse:
+        return JSONResponse((await until_disconnected(request, _completions(served, req))).model_dump())
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatCompletionRequest) -> JSONResponse:
-        return JSONResponse((await _chat(served, req, parser)).model_dump())
+    async def chat(req: ChatCompletionRequest, request: Request) -> JSONResponse:
+        return JSONResponse((await until_disconnected(request, _chat(served, req, parser))).model_dump())
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(req: LoadLoRAAdapterRequest) -> Response:
         if not req.lora_name or not req.lora_path:
             raise ServeError("Both 'lora_name' and 'lora_path' must be provided.", 400, "InvalidUserInput")
         await served.load_adapter(req.lora_name, req.lora_path)
-        log.info("loaded LoRA adapter '%s' from %s", req.lora_name, req.lora_path)
+        log.info("loaded LoRA adapter '%s' from %s", req.lora_name, served.resident.path if served.resident else "?")
         return Response(f"Success: LoRA adapter '{req.lora_name}' added successfully.", status_code=200)
 
     @app.post("/v1/unload_lora_adapter")
@@ -230,23 +236,7 @@ def create_app(served: ServedModel, *, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="agentrl serve", lifespan=lifespan)
     if api_key:
         app.add_middleware(BearerAuth, key=api_key)
-
-    @app.exception_handler(ServeError)
-    async def serve_error(_: Request, exc: ServeError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, exc.err_type, exc.status, exc.param), status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        message = f"{where}: {first.get('msg', 'invalid request')}" if where else str(first.get("msg", exc))
-        return JSONResponse(error_body(message, "BadRequestError", 400, where or None), status_code=400)
-
-    @app.exception_handler(Exception)
-    async def internal(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("request failed")
-        return JSONResponse(error_body(f"{type(exc).__name__}: {exc}", "InternalServerError", 500), status_code=500)
-
+    install_error_handlers(app)
     _add_routes(app, served)
     return app
 
@@ -264,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's)")
     p.add_argument("--lora-rank", type=int, default=None, help="peft-wrap the model for LoRA hot-loading")
     p.add_argument("--lora-alpha", type=int, default=None, help="LoRA alpha (default: 2 x rank)")
+    p.add_argument("--lora-modules-root", default=DEFAULT_LORA_ROOT, help="the only folder LoRA adapters load from;"
+                   " a trainer's adapter_dir must lie inside it (default: ./adapters, the trainer's default)")
     p.add_argument("--lora-target-modules", nargs="+", default=None, help="LoRA target modules (default: "
                    "agentrl's LoRASettings default)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -297,6 +289,9 @@ def serve_main(argv: Sequence[str]) -> int:
         log.error("%s", exc)
         return 2
     served = ServedModel(policy, args.served_model_name or args.model, max_batch_size=args.max_batch_size,
-                         prefix_cache_tokens=args.prefix_cache_tokens, max_context=args.max_model_len)
+                         prefix_cache_tokens=args.prefix_cache_tokens, max_context=args.max_model_len,
+                         lora_root=args.lora_modules_root)
+    if lora is not None:
+        log.info("LoRA adapters load only from %s (--lora-modules-root)", served.lora_root)
     uvicorn.run(create_app(served, api_key=api_key), host=args.host, port=args.port, log_level=args.log_level)
     return 0

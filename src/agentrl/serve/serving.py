@@ -39,6 +39,7 @@ from agentrl.chat.tools import HermesToolParser
 from agentrl.engines.base import Completion, SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.serve.openai_protocol import (
+    MAX_JSON_DEPTH,
     ChatCompletionLogProb,
     ChatCompletionLogProbs,
     ChatCompletionLogProbsContent,
@@ -49,11 +50,13 @@ from agentrl.serve.openai_protocol import (
     SamplingFields,
     ToolCall,
     ToolChoice,
+    json_depth,
     random_id,
 )
 from agentrl.serve.served_model import ServedModel, ServeError
 
 _FLOOR = -9999.0  # vLLM's JSON-safe stand-in for -inf
+_TOO_DEEP = f"tool call arguments nest deeper than {MAX_JSON_DEPTH} levels"
 
 
 @dataclass
@@ -230,6 +233,10 @@ def _call_args(call: dict[str, Any]) -> tuple[str, Any]:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError as exc:
             raise ServeError(f"tool call arguments are not JSON: {exc.msg}", param="messages") from exc
+        except RecursionError:  # the C parser gives up past Python's recursion limit
+            raise ServeError(_TOO_DEEP, param="messages") from None
+        if json_depth(args) > MAX_JSON_DEPTH:
+            raise ServeError(_TOO_DEEP, param="messages")
     return str(fn.get("name", "")), args
 
 

@@ -1,0 +1,145 @@
+"""What stands between an HTTP client and the engine: the API key, the error shape, and client disconnects.
+
+Shared by ``agentrl serve`` and any other OpenAI-compatible front end of agentrl, so that all of them fail the same
+way:
+
+* **One error shape.** Every error answer, whatever raised it (a `ServeError`, a request that does not validate,
+  a body that is not JSON or not UTF-8 or nests too deeply, an unknown route), is vLLM's/OpenAI's
+  ``{"error": {"message", "type", "param", "code"}}``. A client error (4xx) writes one log line; only a server
+  fault (500) writes a traceback, and its answer names the exception type, never its message (messages can
+  hold file-system paths).
+* **A client that leaves costs nothing more.** `until_disconnected` runs a handler's work as a task and cancels
+  it when the client closes the connection; the engine then drops the request from its batch
+  (`agentrl.engines.hf.HFEngine`).
+* **The key guards everything but ``/health``**: the API, ``/metrics``, and the ``/docs`` and ``/openapi.json``
+  pages, which describe the API to whoever can read them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from agentrl.serve.openai_protocol import error_body
+from agentrl.serve.served_model import ServeError
+
+log = logging.getLogger("agentrl.serve")
+ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+T = TypeVar("T")
+OPEN_PATHS = ("/health",)
+"""Paths that never need the key (load balancers and start-up probes call them)."""
+_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowedError",
+          413: "RequestTooLargeError", 422: "BadRequestError"}
+
+
+class BearerAuth:
+    """Pure ASGI middleware: every path but `OPEN_PATHS` needs ``Authorization: Bearer <key>`` (constant-time
+    compare); 401 ``{"error": "Unauthorized"}`` otherwise, as vLLM answers."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app = app
+        self._digest = hashlib.sha256(key.encode()).digest()
+
+    def _authorised(self, scope: dict[str, Any]) -> bool:
+        headers = dict(scope.get("headers") or [])
+        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+        return scheme.lower() == "bearer" and secrets.compare_digest(
+            hashlib.sha256(token.encode()).digest(), self._digest)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        guarded = scope["type"] == "http" and scope.get("method") != "OPTIONS" and str(
+            scope.get("path", "")) not in OPEN_PATHS
+        if guarded and not self._authorised(scope):
+            await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _client_error(request: Request, status: int, message: str, err_type: str, param: str | None) -> JSONResponse:
+    log.info("%s %s -> %d %s: %s", request.method, request.url.path, status, err_type, message)
+    return JSONResponse(error_body(message, err_type, status, param), status_code=status)
+
+
+def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """A one-line message and the ``param`` (dotted field path, or None) of a request that did not validate."""
+    first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid":  # its loc holds a byte offset, not a field
+        return f"the request body is not valid JSON: {(first.get('ctx') or {}).get('error', 'decode error')}", None
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    msg = str(first.get("msg", "invalid request"))
+    return (f"{where}: {msg}" if where else msg), where or None
+
+
+def _http_message(exc: HTTPException) -> str:
+    cause = exc.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        return "the request body is not UTF-8 encoded JSON"
+    if isinstance(cause, RecursionError):
+        return "the request body nests too deeply to parse"
+    return str(exc.detail)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every error with the OpenAI error JSON (see the module docstring)."""
+
+    @app.exception_handler(ServeError)
+    async def serve_error(request: Request, exc: ServeError) -> JSONResponse:
+        return _client_error(request, exc.status, exc.message, exc.err_type, exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = validation_message(exc)
+        return _client_error(request, 400, message, "BadRequestError", param)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        err_type = _TYPES.get(exc.status_code, "BadRequestError" if exc.status_code < 500 else "InternalServerError")
+        return _client_error(request, exc.status_code, _http_message(exc), err_type, None)
+
+    @app.exception_handler(ClientDisconnected)
+    async def gone(_: Request, __: ClientDisconnected) -> Response:
+        return Response(status_code=499)  # nobody reads it; nginx's code for "client closed request"
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return JSONResponse(error_body(f"internal error ({type(exc).__name__}); the server log has the details",
+                                       "InternalServerError", 500), status_code=500)
+
+
+class ClientDisconnected(Exception):  # noqa: N818 - names the event, as asyncio.CancelledError does
+    """The client closed the connection before the answer was ready; its work was cancelled."""
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone (the body is already read, so the next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``; if the client disconnects first, cancel it and raise `ClientDisconnected`."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+        watcher.cancel()
+    if task.cancelled() or not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        log.info("%s %s: client disconnected, request cancelled", request.method, request.url.path)
+        raise ClientDisconnected
+    return task.result()
