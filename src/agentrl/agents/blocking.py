@@ -13,6 +13,7 @@ others (or the engine's own worker threads), nor keep the process alive at exit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
 from collections.abc import Callable
@@ -56,7 +57,5 @@ def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result
         else:
             future.set_result(result)
 
-    try:
+    with contextlib.suppress(RuntimeError):  # the loop is closed (the run ended while it blocked): drop it
         loop.call_soon_threadsafe(settle)
-    except RuntimeError:  # the loop is closed (the run ended while the call was blocked): drop the result
-        pass

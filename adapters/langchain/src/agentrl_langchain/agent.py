@@ -217,7 +217,8 @@ class LangChainAgent:
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    call = type(fn).__call__ if not inspect.isroutine(fn) else None  # a callable object's async __call__
+    return inspect.iscoroutinefunction(fn) or (call is not None and inspect.iscoroutinefunction(call))
 
 
 def _describe(exc: BaseException, callbacks: _EpisodeCallbacks, llm: LLMClient) -> str:
