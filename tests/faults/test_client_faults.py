@@ -134,6 +134,12 @@ def test_read_timeout_is_not_resent() -> None:
         with pytest.raises(EngineUnavailable, match=server.url):
             asyncio.run(_bounded(engine.generate([1, 2, 3], SAMPLING)))
         assert server.posts("/v1/completions") == 1
+        # the same with httpx's per-read timeout shorter than the call's deadline: the ReadTimeout itself is final
+        engine = _engine(server.url, timeout=30, retries=3, backoff=0.05)
+        engine.timeout = httpx.Timeout(30, read=0.5)
+        with pytest.raises(EngineUnavailable, match="ReadTimeout.*not resent"):
+            asyncio.run(_bounded(engine.generate([1, 2, 3], SAMPLING)))
+        assert server.posts("/v1/completions") == 2
 
 
 def test_connect_errors_are_retried_then_named() -> None:
