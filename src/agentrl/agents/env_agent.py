@@ -7,6 +7,10 @@ caused it (``llm.reward``), so per-step rewards (Sokoban) reach turn-level GAE w
 The context is the whole conversation (the identity ψ of the RTPO paper) unless ``history`` keeps only the last
 few exchanges. Environments with ``snapshot()/restore()`` let RTPO siblings start at boundary k directly instead of
 replaying the trunk's first k steps.
+
+The environment's calls (``reset``, ``step``, ``snapshot``, ``restore``) are synchronous code: they run in a worker
+thread (`agentrl.agents.blocking.run_blocking`), so an environment that blocks stalls only its own episode and
+``data.episode_timeout`` still ends it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.agents.base import Outcome, Task
+from agentrl.agents.blocking import run_blocking
 from agentrl.agents.llm import LLMClient
 from agentrl.chat.render import Message
 from agentrl.envs.base import SnapshotEnv, TextEnv
@@ -69,16 +74,17 @@ class EnvAgent:
         exchanges: list[Message] = []
         if snapshots and llm.replay is not None and llm.replay.snapshot is not None:
             state: EnvAgentState = llm.fast_forward()
-            env.restore(state.env_state)  # type: ignore[attr-defined]
+            await run_blocking(env.restore, state.env_state)  # type: ignore[attr-defined]
             first, exchanges = state.first, list(state.exchanges)
         else:
-            first = {"role": "user", "content": env.reset(task.seed)}
+            first = {"role": "user", "content": await run_blocking(env.reset, task.seed)}
         info: dict[str, Any] = {"format_errors": 0}
         for _ in range(len(llm.turns), self.max_turns):
             if snapshots:
-                llm.record_snapshot(EnvAgentState(env.snapshot(), first, list(exchanges)))  # type: ignore[attr-defined]
+                env_state = await run_blocking(env.snapshot)  # type: ignore[attr-defined]
+                llm.record_snapshot(EnvAgentState(env_state, first, list(exchanges)))
             reply = await llm.chat(self._context(system, first, exchanges))
-            result = env.step(reply.text)
+            result = await run_blocking(env.step, reply.text)
             llm.reward(result.reward)
             info["format_errors"] += int(bool(result.info.get("format_error")))
             if result.terminated or result.truncated:

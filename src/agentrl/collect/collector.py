@@ -11,6 +11,11 @@ an episode is derived from (run seed, step, task, role, sample), so a rerun or a
 rollouts. Failures: an exception in the agent, a tool or the environment, or a timeout, ends that episode as
 ``failed`` (error recorded, turns kept for review, excluded from the loss); the others are unaffected. Only when
 more than ``max_failed_fraction`` of a collection fails does it raise `CollectionError`.
+
+Timeouts: ``episode_timeout`` cancels the agent's coroutine. It holds for blocking work that runs in a worker
+thread (environment calls of `EnvAgent`, LangChain's sync tools, a sync reward); the episode is abandoned and
+counted failed while the thread, which cannot be killed, finishes in the background. Blocking code inside an
+``async`` agent or tool runs on the event loop and stalls every episode until it returns.
 """
 
 from __future__ import annotations
@@ -144,7 +149,10 @@ class Collector:
             traj.truncated = True
             traj.info["truncation"] = str(exc)
         except TimeoutError:
-            traj.failed, traj.error = True, f"timeout after {self.episode_timeout:.0f} s"
+            traj.failed, traj.info["timed_out"] = True, True
+            traj.error = (f"timeout: the episode did not finish within episode_timeout={self.episode_timeout:g} s "
+                          "and was abandoned (blocking code still running in a worker thread finishes in the "
+                          "background)")
         except Exception as exc:  # any agent/tool/env error fails only this episode
             traj.failed = True
             traj.error = f"{type(exc).__name__}: {exc}"

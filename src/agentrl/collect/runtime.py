@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class RolloutRuntime:
@@ -43,6 +45,10 @@ class RolloutRuntime:
                 self.run(_cancel_pending(), timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+        if self._thread.is_alive():  # blocking code on the loop did not return: leave the daemon thread to it
+            log.warning("the rollout loop is still blocked after close (blocking code in an async agent or tool?); "
+                        "abandoning it")
+            return
         self._loop.close()
 
     def __enter__(self) -> RolloutRuntime:

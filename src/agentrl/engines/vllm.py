@@ -13,9 +13,16 @@
   (the default); for another temperature start vLLM with ``--logprobs-mode processed_logprobs`` and keep top-k and
   top-p off. ``agentrl serve`` always follows agentrl's convention.
 * **Servers.** Several base URLs can be given; each session (episode) is pinned to one server by a stable hash of
-  its id, so its turns hit the server that holds their prefix in cache. Every call has a timeout; connection
-  errors, timeouts and 5xx answers are retried with exponential backoff, then raise `EngineUnavailable` naming
-  the URL. 4xx answers raise `EngineRequestError` at once.
+  its id, so its turns hit the server that holds their prefix in cache.
+* **Faults.** ``timeout`` bounds a whole call, retries and backoff included (a server that drips one byte at a
+  time cannot hold a call longer): past it the call raises `EngineTimeout`. A request that never reached the
+  server (connection refused or reset, connect timeout) or got a 5xx answer is resent with exponential backoff up
+  to ``retries`` times, then raises `EngineUnavailable` naming the URL. A request that reached the server and
+  got no answer in time (read or write timeout) is **not** resent (except idempotent GETs): the server is busy
+  with it, and a second copy would only add load. 4xx answers raise `EngineRequestError` at once; a 200 whose body
+  is not JSON raises `EngineProtocolError` naming the URL with an excerpt of the body. A server that no longer
+  knows the pushed adapter (it restarted: ``404 The model `agentrl-v6` does not exist``) gets the adapter pushed
+  again from ``adapter_dir``, and the request is sent once more.
 * **Weight sync is a LoRA hot-load.** ``update_weights`` saves the policy's adapter to ``adapter_dir/agentrl-v<N>``
   (``save_pretrained``: safetensors), posts ``/v1/load_lora_adapter`` to every server, routes later requests to
   that name, unloads the previous adapter and deletes its folder. The folder must be readable by the servers
@@ -52,6 +59,16 @@ class EngineUnavailable(RuntimeError):  # noqa: N818 - named for what the user s
     def __init__(self, url: str, attempts: int, last_error: str) -> None:
         super().__init__(f"rollout server {url} is unavailable after {attempts} attempt(s): {last_error}. Is it "
                          "running and reachable? (model.engine.init_args.base_urls)")
+        self.url = url
+
+
+class EngineTimeout(EngineUnavailable):
+    """A call did not complete within the engine's ``timeout`` (the whole call, retries included)."""
+
+    def __init__(self, url: str, path: str, seconds: float) -> None:
+        RuntimeError.__init__(self, f"rollout server {url} did not complete {path} within timeout={seconds:g} s "
+                              "(the whole call, retries included); not resent. Is it overloaded? "
+                              "(model.engine.init_args.timeout)")
         self.url = url
 
 
@@ -131,9 +148,9 @@ class VLLMEngine:
         base_urls: Server URLs (``http://host:port``, without ``/v1``).
         adapter_dir: Folder for pushed adapters, readable by every server (required for ``update_weights``).
         api_key: Bearer token of the servers (default: ``$AGENTRL_API_KEY``).
-        timeout: Seconds one HTTP call may take (a whole completion).
+        timeout: Seconds one call may take in all (a whole completion; retries and backoff included).
         connect_timeout: Seconds to establish a connection.
-        retries: Extra attempts after a connection error, timeout or 5xx answer.
+        retries: Extra attempts after a connection error or 5xx answer (never after a read timeout).
         backoff: Seconds before the first retry; doubled at each further one.
         max_context: Context window; default: ``max_model_len`` from ``/v1/models`` (smallest over servers).
         model: Served base model name; default: the first model of ``/v1/models``.
@@ -148,7 +165,8 @@ class VLLMEngine:
         self.base_urls = [u.rstrip("/") for u in base_urls]
         self.adapter_dir = Path(adapter_dir).resolve() if adapter_dir else None
         self.api_key = api_key or os.environ.get(API_KEY_ENV) or None
-        self.timeout = httpx.Timeout(timeout, connect=connect_timeout)
+        self.deadline = float(timeout)
+        self.timeout = httpx.Timeout(timeout, connect=min(connect_timeout, timeout))
         self.retries, self.backoff = retries, backoff
         self.unload_previous = unload_previous
         self._max_context = max_context
@@ -160,6 +178,7 @@ class VLLMEngine:
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._warned_temperature = False
+        self._reloading: dict[tuple[str, str], asyncio.Future[None]] = {}
         if logging.getLogger("httpx").level == logging.NOTSET:
             logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per rollout request
 
@@ -198,8 +217,14 @@ class VLLMEngine:
                         "temperature; start vLLM with --logprobs-mode processed_logprobs", sampling.temperature)
         url = self._url_for(session)
         body = completion_request(prompt_ids, sampling, model, min(sampling.max_tokens, room))
-        response = await self._call("POST", url, "/v1/completions", body)
-        return parse_completion(response.json(), prompt_ids, version)
+        try:
+            response = await self._call("POST", url, "/v1/completions", body)
+        except EngineRequestError as exc:
+            if not self._adapter_lost(exc, model):
+                raise
+            await self._reload_adapter(url, model)  # the server restarted: push the adapter again, resend once
+            response = await self._call("POST", url, "/v1/completions", body)
+        return parse_completion(_json(response, url, "/v1/completions"), prompt_ids, version)
 
     async def update_weights(self, policy: Any, *, version: int | None = None) -> None:
         """Save the policy's LoRA adapter and hot-load it on every server as ``agentrl-v<version>``."""
@@ -249,7 +274,15 @@ class VLLMEngine:
         return self.base_urls[i]
 
     async def _call(self, method: str, url: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
-        """One request with retries on connection errors, timeouts and 5xx; 4xx raise at once."""
+        """One request within ``timeout`` (whole call): resent after connection errors and 5xx, not after a read
+        timeout (the server has it); 4xx raise at once."""
+        try:
+            async with asyncio.timeout(self.deadline):
+                return await self._attempts(method, url, path, body)
+        except TimeoutError as exc:
+            raise EngineTimeout(url, path, self.deadline) from exc
+
+    async def _attempts(self, method: str, url: str, path: str, body: dict[str, Any] | None) -> httpx.Response:
         last = ""
         for attempt in range(self.retries + 1):
             if attempt:
@@ -258,6 +291,9 @@ class VLLMEngine:
                 response = await self._http().request(method, url + path, json=body)
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                if _reached_server(exc) and method != "GET":
+                    raise EngineUnavailable(url, attempt + 1, f"{last} (not resent: the server may still be "
+                                            "working on it)") from exc
                 continue
             if response.status_code >= 500:
                 last = f"HTTP {response.status_code}: {response.text[:300]}"
@@ -282,23 +318,43 @@ class VLLMEngine:
     def _model_info(response: httpx.Response, url: str) -> tuple[str, int]:
         if response.status_code != 200:
             raise EngineRequestError(url, response.status_code, _error_message(response))
-        cards = response.json().get("data") or []
+        data = _json(response, url, "/v1/models")
+        cards = (data.get("data") if isinstance(data, dict) else None) or []
         lengths = [c["max_model_len"] for c in cards if c.get("max_model_len")]
         if not cards or not lengths:
             raise EngineProtocolError(f"{url}/v1/models lists no model with max_model_len; set engine max_context")
         return str(cards[0]["id"]), int(lengths[0])
 
-    async def _load(self, url: str, name: str, path: Path) -> None:
+    async def _load(self, url: str, name: str, path: Path, *, replace: bool = True) -> None:
         body = {"lora_name": name, "lora_path": str(path)}
         try:
             await self._call("POST", url, "/v1/load_lora_adapter", body)
         except EngineRequestError as exc:
             if exc.status != 400 or "already" not in str(exc):
                 raise
+            if not replace:  # another request re-pushed it first
+                return
             # same version pushed again (a resumed run, a restarted trainer): replace it
             await self._unload(url, name)
             await self._call("POST", url, "/v1/load_lora_adapter", body)
         log.info("server %s serves adapter %s", url, name)
+
+    def _adapter_lost(self, exc: EngineRequestError, model: str) -> bool:
+        """A 404 naming the pushed adapter: the server no longer has it (it restarted since the push)."""
+        return (exc.status == 404 and model == self._adapter and self.adapter_dir is not None
+                and model in str(exc) and "does not exist" in str(exc))
+
+    async def _reload_adapter(self, url: str, name: str) -> None:
+        """Load adapter ``name`` on ``url`` again from ``adapter_dir``; concurrent callers share one load."""
+        key = (url, name)
+        pending = self._reloading.get(key)
+        if pending is None:
+            log.warning("server %s lost adapter %s (restarted?): pushing it again", url, name)
+            assert self.adapter_dir is not None
+            pending = asyncio.ensure_future(self._load(url, name, self.adapter_dir / name, replace=False))
+            self._reloading[key] = pending
+            pending.add_done_callback(lambda _: self._reloading.pop(key, None))
+        await asyncio.shield(pending)
 
     async def _unload(self, url: str, name: str) -> None:
         try:
@@ -306,6 +362,23 @@ class VLLMEngine:
         except EngineRequestError as exc:
             if exc.status != 404:  # already gone (e.g. a server restarted since the load)
                 raise
+
+
+def _reached_server(exc: httpx.TransportError) -> bool:
+    """The request was sent and the server went quiet (read/write timeout): it may be working on it."""
+    return isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout)
+
+
+def _json(response: httpx.Response, url: str, path: str) -> Any:
+    """The answer's JSON, or `EngineProtocolError` naming the URL with an excerpt of what came instead."""
+    try:
+        return response.json()
+    except ValueError as exc:
+        excerpt = " ".join(response.text[:200].split()) or "(empty body)"
+        kind = response.headers.get("content-type", "no content-type")
+        raise EngineProtocolError(f"{url}{path} answered {response.status_code} with a body that is not JSON "
+                                  f"({kind}): {excerpt!r}. Is base_urls pointing at a vLLM server (not a proxy or "
+                                  "a web page)?") from exc
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -333,8 +406,8 @@ class VLLMEngineSpec:
         base_urls: Server URLs, e.g. ``[http://127.0.0.1:8000]``.
         adapter_dir: Folder for pushed LoRA adapters, readable by every server.
         api_key: Bearer token of the servers (default: ``$AGENTRL_API_KEY``; prefer the variable to the file).
-        timeout: Seconds one HTTP call may take.
-        retries: Extra attempts after a connection error, timeout or 5xx answer.
+        timeout: Seconds one call may take in all (retries and backoff included).
+        retries: Extra attempts after a connection error or 5xx answer (never after a read timeout).
         backoff: Seconds before the first retry (doubled each time).
         max_context: Context window (default: from ``/v1/models``).
         model: Served base model name (default: the first of ``/v1/models``).

@@ -15,6 +15,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from agentrl.training.checkpoint_io import AtomicCheckpointIO
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +25,7 @@ log = logging.getLogger(__name__)
 class RLCheckpoint(ModelCheckpoint):
     """Save ``step-NNNNNN.ckpt`` every ``every_n_steps`` RL steps and keep ``last.ckpt`` current, so that
     ``agentrl fit --config ... --ckpt_path last`` resumes (weights, both optimizers, step, task stream).
+    Files are written atomically (`AtomicCheckpointIO`): a failed write leaves the previous file whole.
 
     Args:
         dirpath: Checkpoint folder.
@@ -36,6 +40,11 @@ class RLCheckpoint(ModelCheckpoint):
                          save_on_train_epoch_end=False)
         self.every_n_steps = every_n_steps
         self.keep_steps = keep_steps
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's own CheckpointIO is left alone
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
 
     def save_now(self, trainer: pl.Trainer, step: int) -> Path:
         assert self.dirpath is not None

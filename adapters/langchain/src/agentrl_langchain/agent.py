@@ -16,6 +16,12 @@ How episodes end (the collector turns this into the trajectory):
   *fails* with a `LangChainAgentError` naming the tool or node and the number of LLM calls made; its turns are
   kept for review and it is left out of the loss. `ReplayMismatchError` passes through unchanged: the agent or its
   tools are not deterministic for a task, which RTPO's replay branching needs.
+
+Blocking code: LangChain runs sync tools and sync graph nodes in worker threads, and a sync ``reward`` runs in
+one here (`agentrl.agents.blocking.run_blocking`), so ``timeout`` and the collector's ``episode_timeout`` end an
+episode whose tool or reward hangs; the thread cannot be killed and finishes in the background. An ``async``
+tool that blocks (``time.sleep`` inside ``async def``) stalls the event loop of every episode: keep blocking calls
+in sync tools or wrap them in ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 
 from agentrl.agents.base import EpisodeTruncated, Outcome, ReplayMismatchError, Task
+from agentrl.agents.blocking import run_blocking
 from agentrl.agents.llm import LLMClient
 from agentrl_langchain.chat_model import AgentRLChatModel
 
@@ -97,8 +104,8 @@ class LangChainAgent:
     Args:
         build: Builds the agent around the given chat model (called once per episode, so keep it cheap and free
             of shared mutable state); returns a runnable (``create_agent(...)``, a compiled LangGraph graph...).
-        reward: ``reward(task, result) -> float | Score`` (may be async); ``result`` is what the agent returned
-            (for a LangGraph agent, the final state: ``result["messages"]``...).
+        reward: ``reward(task, result) -> float | Score`` (may be async; a sync one runs in a worker thread);
+            ``result`` is what the agent returned (for a LangGraph agent, the final state: ``result["messages"]``...).
         input_mapping: ``task -> agent input``; default `question_input` (``task.data["question"]`` as the user
             message).
         recursion_limit: LangGraph super-steps per episode (``create_agent`` takes two per tool round); hitting it
@@ -175,7 +182,10 @@ class LangChainAgent:
                                       f"({len(llm.turns)} LLM calls made)") from exc
 
     async def _score(self, task: Task, result: Any) -> Score:
-        value = self.reward(task, result)
+        if _is_async(self.reward):
+            value = self.reward(task, result)
+        else:  # sync user code (a checker, a subprocess): off the event loop, so a hang costs only this episode
+            value = await run_blocking(self.reward, task, result)
         if inspect.isawaitable(value):
             value = await value
         if isinstance(value, Score):
@@ -204,6 +214,11 @@ class LangChainAgent:
                      dict(info.get("tools", {})), info.get("tool_errors", 0), outcome.reward,
                      " (truncated)" if outcome.truncated else "")
         return outcome
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    call = type(fn).__call__ if not inspect.isroutine(fn) else None  # a callable object's async __call__
+    return inspect.iscoroutinefunction(fn) or (call is not None and inspect.iscoroutinefunction(call))
 
 
 def _describe(exc: BaseException, callbacks: _EpisodeCallbacks, llm: LLMClient) -> str:

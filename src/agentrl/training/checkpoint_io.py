@@ -1,0 +1,66 @@
+"""`AtomicCheckpointIO`: a checkpoint file is either the complete new one or the complete old one, never half.
+
+Lightning's `TorchCheckpointIO` writes a local checkpoint to a temporary file in the system temp folder and then
+moves it into place. When the temp folder is on another file system than the checkpoint folder (a tmpfs ``/tmp``,
+a mounted volume), the move is a copy, not a rename: a full disk or a kill during that copy leaves a truncated,
+unloadable ``last.ckpt`` where a good one was. Here the temporary file is written in the target folder itself,
+flushed to disk (``fsync``), and renamed over the target with ``os.replace``, which is atomic on one file system.
+A failed write removes its temporary file and leaves the previous checkpoint untouched. Remote paths
+(``s3://``...) keep Lightning's writer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+PARTIAL_SUFFIX = ".partial"  # not ``.ckpt``: an unfinished file is never taken for a checkpoint (``--ckpt_path last``)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """`TorchCheckpointIO` whose local writes are atomic: temp file beside the target, fsync, ``os.replace``."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        if storage_options is not None or not _is_local_file_protocol(path) or str(path).startswith("file:"):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)  # serialize first: a failing pickle never touches the disk
+        write_atomically(Path(path), buffer.getbuffer())
+
+
+def write_atomically(target: Path, data: bytes | memoryview) -> None:
+    """Write ``data`` to ``target`` so that ``target`` is always a complete file (the old one or the new one)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX, dir=target.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_folder(target.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Persist the rename itself (the folder entry); best effort where folders cannot be opened."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,140 @@
+"""A checkpoint write that fails half way (disk full) never leaves a truncated checkpoint (issue 14, item 9).
+
+The setting of the bug: the system temp folder is on another file system than the checkpoint folder, so Lightning's
+"write to a temp file, then move" becomes a copy into the target, and the disk of the checkpoint folder fills up
+during the write. Neither can be made for real here (no mounts), so the test simulates both at the lowest level:
+``os.rename`` from outside into the checkpoint folder fails with EXDEV, as the kernel does across file systems,
+and every file opened for writing inside the checkpoint folder accepts only half a checkpoint's bytes, then raises
+ENOSPC. The trainer, the callback and the files are real.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from agentrl.training.callbacks import RLCheckpoint
+from agentrl.training.checkpoint_io import AtomicCheckpointIO
+
+
+class _TinyModule(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(64, 64)
+        self.rl_step = 0
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        self.rl_step += 1
+        return self.layer(batch).square().mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self) -> DataLoader[torch.Tensor]:
+        return DataLoader(torch.randn(8, 64, generator=torch.Generator().manual_seed(0)), batch_size=1)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["rl_step"] = self.rl_step
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.rl_step = checkpoint["rl_step"]
+
+
+class _FullDisk:
+    """From step ``at`` on, the checkpoint folder sits on a nearly full file system of its own."""
+
+    def __init__(self, folder: Path, at: int) -> None:
+        self.folder, self.at, self.full, self.budget = folder.resolve(), at, False, 0
+
+    def inside(self, path: Any) -> bool:
+        return isinstance(path, str | os.PathLike) and Path(os.fspath(path)).resolve().parent == self.folder
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        real_open, real_rename = builtins.open, os.rename
+        disk = self
+
+        class FillingFile:
+            def __init__(self, f: Any) -> None:
+                self._f = f
+
+            def write(self, data: Any) -> int:
+                room = max(disk.budget, 0)
+                data = memoryview(data).cast("B")
+                written = self._f.write(data[:room])
+                disk.budget -= written
+                if written < len(data):
+                    self._f.flush()
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                return written
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._f, name)
+
+            def __enter__(self) -> FillingFile:
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                self._f.close()
+
+        def fake_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            f = real_open(file, mode, *args, **kwargs)
+            return FillingFile(f) if disk.full and "w" in mode and disk.inside(file) else f
+
+        def fake_rename(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            if disk.full and disk.inside(dst) and not disk.inside(src):
+                raise OSError(errno.EXDEV, "Invalid cross-device link")
+            real_rename(src, dst, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", fake_open)
+        monkeypatch.setattr(os, "rename", fake_rename)
+        monkeypatch.setattr(shutil, "_USE_CP_SENDFILE", False)  # copies go through file writes
+
+
+class _FillDiskAt(pl.Callback):
+    def __init__(self, disk: _FullDisk) -> None:
+        self.disk = disk
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        if pl_module.rl_step == self.disk.at:  # type: ignore[operator]
+            size = (self.disk.folder / "last.ckpt").stat().st_size
+            self.disk.full, self.disk.budget = True, size // 2
+
+
+def _trainer(folder: Path, keep_steps: bool, *callbacks: pl.Callback, max_steps: int = 5) -> pl.Trainer:
+    return pl.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=str(folder.parent),
+                      callbacks=[*callbacks, RLCheckpoint(str(folder), every_n_steps=1, keep_steps=keep_steps)])
+
+
+@pytest.mark.filterwarnings("ignore:You.re resuming from a checkpoint that ended before the epoch ended")
+@pytest.mark.parametrize("keep_steps", [False, True])
+def test_full_disk_leaves_the_previous_checkpoint_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        keep_steps: bool) -> None:
+    folder = tmp_path / "checkpoints"
+    disk = _FullDisk(folder, at=3)
+    disk.install(monkeypatch)
+    trainer = _trainer(folder, keep_steps, _FillDiskAt(disk))
+    with pytest.raises(OSError, match="No space left on device"):
+        trainer.fit(_TinyModule())
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    disk.full = False
+    # the file being written at step 3 is absent (never half written), the earlier ones complete and loadable
+    expected = {"last.ckpt"} | ({"step-000001.ckpt", "step-000002.ckpt"} if keep_steps else set())
+    assert {p.name for p in folder.iterdir()} == expected  # no truncated file, no leftover temporary file
+    for name in expected:
+        state = torch.load(folder / name, weights_only=True, map_location="cpu")
+        assert state["rl_step"] == (int(name[5:11]) if name.startswith("step") else 2)
+
+    resumed = _TinyModule()  # and the run resumes from the step-2 checkpoint
+    _trainer(folder, keep_steps, max_steps=4).fit(resumed, ckpt_path="last")
+    assert resumed.rl_step == 4
+    assert torch.load(folder / "last.ckpt", weights_only=True, map_location="cpu")["rl_step"] == 4
