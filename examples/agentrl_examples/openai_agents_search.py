@@ -15,22 +15,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agents import (
-    Agent,
-    MaxTurnsExceeded,
-    OpenAIChatCompletionsModel,
-    RunResult,
-    Runner,
-    StopAtTools,
-    ToolCallItem,
-    function_tool,
-    set_tracing_disabled,
-)
 from openai import AsyncOpenAI
 
 from agentrl.agents.base import EpisodeTruncated, Task
 from agentrl.agents.scoring import Score
 from agentrl_examples.searchqa import SYSTEM_PROMPT, demonstration, score_answer, search_text
+from agents import (
+    Agent,
+    MaxTurnsExceeded,
+    OpenAIChatCompletionsModel,
+    Runner,
+    RunResult,
+    StopAtTools,
+    ToolCallItem,
+    function_tool,
+    set_tracing_disabled,
+)
 
 set_tracing_disabled(True)
 MAX_TURNS = 3  # the SDK's limit on model calls per run

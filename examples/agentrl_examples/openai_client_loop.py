@@ -14,10 +14,15 @@ from openai import OpenAI
 from agentrl.agents.base import Task
 from agentrl.agents.scoring import Score
 from agentrl_examples.searchqa import (
-    ANSWER_DESCRIPTION, SEARCH_DESCRIPTION, SYSTEM_PROMPT, demonstration, score_answer, search_text,
+    ANSWER_DESCRIPTION,
+    SEARCH_DESCRIPTION,
+    SYSTEM_PROMPT,
+    demonstration,
+    score_answer,
+    search_text,
 )
 
-TOOLS = [
+TOOLS: list[Any] = [
     {"type": "function", "function": {"name": "search", "description": SEARCH_DESCRIPTION, "parameters": {
         "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}},
     {"type": "function", "function": {"name": "answer", "description": ANSWER_DESCRIPTION, "parameters": {
@@ -39,12 +44,12 @@ def run(task: Task, base_url: str, api_key: str) -> dict[str, Any]:
         if not reply.tool_calls:
             return {"answer": reply.content, "searched": searched, "llm_calls": calls}
         for call in reply.tool_calls:
-            args = json.loads(call.function.arguments or "{}")
-            if call.function.name == "answer":
+            name = call.function.name if call.type == "function" else "?"
+            args = json.loads(call.function.arguments or "{}") if call.type == "function" else {}
+            if name == "answer":
                 return {"answer": str(args.get("text", "")), "searched": searched, "llm_calls": calls}
-            found = call.function.name == "search"
-            searched = searched or found
-            result = search_text(str(args.get("query"))) if found else f"unknown tool {call.function.name!r}"
+            searched = searched or name == "search"
+            result = search_text(str(args.get("query"))) if name == "search" else f"unknown tool {name!r}"
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     return {"answer": None, "searched": searched, "llm_calls": calls}
 

@@ -14,6 +14,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from tests.support.scripted import ScriptedEngineSpec
+from tests.training.helpers import fit
 
 from agentrl.agents.http_agent import HTTPAgent
 from agentrl.chat.tools import HermesToolParser
@@ -25,8 +27,6 @@ from agentrl.training.rtpo import RTPO
 from agentrl.training.settings import PPOSettings
 from agentrl.types import Trajectory
 from agentrl_examples.searchqa import SearchQATasks
-from tests.support.scripted import ScriptedEngineSpec
-from tests.training.helpers import fit
 
 QUERIES = ["Burby river", "Zorkfeven founder", "Ratrio weaver", "Dorktrand region"]
 
