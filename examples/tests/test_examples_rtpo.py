@@ -76,6 +76,10 @@ def test_example_trains_two_rtpo_steps_with_exact_turns_and_replay(example: str)
     for t in trajs:
         assert t.info["agent_llm_calls"] == t.num_turns == 3, (t.info, t.num_turns)
         assert [turn.tool_calls[0]["name"] for turn in t.turns if turn.tool_calls] == ["search", "search", "answer"]
+        # whatever shape the agent sent the history back in, turn i+1's prompt extends turn i's ids verbatim
+        assert t.info["prefix_breaks"] == 0
+        for a, b in zip(t.turns, t.turns[1:], strict=False):
+            assert b.prompt_ids[: len(a.prompt_ids) + len(a.response_ids)] == a.prompt_ids + a.response_ids
     # the prompt ids recorded for sampled turns are exactly the prompts the engine received
     (engine,) = spec.built
     sampled = Counter(tuple(turn.prompt_ids) for t in trajs for turn in t.turns if not turn.forced)

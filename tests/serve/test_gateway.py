@@ -65,6 +65,8 @@ def test_unknown_finished_and_unauthorised_requests_answer_in_openai_error_shape
         auth = {"Authorization": f"Bearer {route.api_key}"}
         async with httpx.AsyncClient(timeout=60) as http:
             ok = await http.post(f"{route.base_url}/chat/completions", json=chat, headers=auth)
+            models = await http.get(f"{route.base_url}/models", headers=auth)
+            assert [m["id"] for m in models.json()["data"]] == ["agentrl"]
             assert ok.status_code == 200 and ok.json()["object"] == "chat.completion"
             unknown = await http.post(f"{gateway.url}/episodes/nope/v1/chat/completions", json=chat, headers=auth)
             wrong_key = await http.post(f"{route.base_url}/chat/completions", json=chat,
