@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -267,3 +268,17 @@ def test_the_data_module_gives_the_gateway_to_http_agents_only(tiny_policy: Poli
     env_agent = EnvAgent(GuessNumberEnv())
     RolloutDataModule(env_agent).make_collector(engine, tiny_policy.tokenizer)
     assert not hasattr(env_agent, "routes")
+
+
+def test_a_busy_port_is_a_clear_error_and_the_loop_survives() -> None:
+    async def main() -> str:
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            gateway = TrainingGateway(port=busy.getsockname()[1])
+            with pytest.raises(RuntimeError, match="could not listen on 127.0.0.1"):
+                await gateway.open(LLMClient(None, None))  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        return "loop alive"
+
+    assert asyncio.run(main()) == "loop alive"

@@ -240,6 +240,8 @@ class TrainingGateway:
 async def _serve(server: Any) -> None:
     try:
         await server.serve()
+    except SystemExit as exc:  # uvicorn exits on a startup failure (port in use): that must not stop the loop
+        raise RuntimeError(f"uvicorn stopped with exit code {exc.code}") from None
     except asyncio.CancelledError:  # the rollout loop is closing: close the socket before it goes
         server.force_exit = True
         with contextlib.suppress(Exception):
