@@ -29,6 +29,7 @@ from agentrl.envs import GuessNumberEnv
 from agentrl.models.policy import Policy
 from agentrl.seeding import derive_seed
 from agentrl.serve.gateway import TrainingGateway
+from agentrl.serve.serving import render_chat
 from agentrl.training.datamodule import RolloutDataModule
 from tests.support.scripted import ScriptedEngine
 
@@ -123,6 +124,9 @@ def test_a_streaming_request_yields_the_same_tokens_as_a_non_streaming_one(tiny_
             assert choice["message"]["tool_calls"][0]["id"] == "call_0_0"
             arguments = choice["message"]["tool_calls"][0]["function"]["arguments"]
             assert json.loads(arguments) == {"word": f"w{derive_seed(7, 0)}"}  # the scripted call, parsed
+        # one rendering: the first turn's prompt is what `agentrl serve` renders for the same request
+        served = render_chat(engine.tokenizer, request["messages"], TOOLS, True, HermesToolParser())
+        assert whole["prompt_token_ids"] == engine.tokenizer.encode(served, add_special_tokens=False)
         # both requests are recorded turns whose prompts are what the engine received
         assert engine.received == [whole["prompt_token_ids"]] * 2
 
