@@ -37,6 +37,8 @@ OWNERS: dict[str, tuple[str, ...]] = {
     "langchain": (),
     "langchain_core": (),
     "langgraph": (),
+    "openai": (),  # OpenAI-API agents (the SDK, the openai client) are the user's: examples/, never the core
+    "agents": (),  # the OpenAI Agents SDK's package
 }
 
 

@@ -262,12 +262,19 @@ def _message(m: dict[str, Any], native: bool) -> dict[str, Any]:
     return {"role": role, "content": text}
 
 
+def template_messages(tokenizer: Any, messages: list[dict[str, Any]],
+                      tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """OpenAI-shaped messages as the chat template gets them (`_message`); the training gateway hands these to
+    the episode's `LLMClient`, so both paths render a conversation the same way."""
+    native = bool(tools) and template_renders_tools(tokenizer)
+    return [_message(m, native) for m in messages]
+
+
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                 add_generation_prompt: bool, parser: HermesToolParser) -> str:
     """Render an OpenAI-shaped conversation with `agentrl.agents.llm.render_prompt`, the trainer's own rendering;
     a template error is a 400 naming ``messages``."""
-    native = bool(tools) and template_renders_tools(tokenizer)
-    conv = [_message(m, native) for m in messages]
+    conv = template_messages(tokenizer, messages, tools)
     try:
         return render_prompt(tokenizer, conv, tools, parser, add_generation_prompt=add_generation_prompt)
     except Exception as exc:  # a template error is the request's fault (role order, missing fields)

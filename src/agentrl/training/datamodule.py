@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 import lightning.pytorch as pl
 
 from agentrl.agents.base import Agent, Task
+from agentrl.agents.http_agent import HTTPAgent
 from agentrl.collect.collector import Collector
 from agentrl.engines.base import RolloutEngine, SamplingParams
 
@@ -204,6 +205,11 @@ class RolloutDataModule(pl.LightningDataModule):
         self.train_dataloader().load_state_dict(state_dict["stream"])
 
     def make_collector(self, engine: RolloutEngine, tokenizer: Any) -> Collector:
+        if isinstance(self.agent, HTTPAgent) and self.agent.routes is None:
+            # only agents that speak HTTP get the training gateway; it starts with their first episode
+            from agentrl.serve.gateway import TrainingGateway
+
+            self.agent.attach(TrainingGateway(api_key=self.agent.api_key))
         return Collector(engine, self.agent, tokenizer, sampling=self.sampling, concurrency=self.concurrency,
                          episode_timeout=self.episode_timeout, max_failed_fraction=self.max_failed_fraction,
                          max_turns=self.max_turns, seed=self.seed)

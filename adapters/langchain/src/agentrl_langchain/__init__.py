@@ -4,7 +4,8 @@
 `AgentRLChatModel` whose every call is a recorded, token-exact turn of the episode's `LLMClient`.
 """
 
-from agentrl_langchain.agent import LangChainAgent, LangChainAgentError, Score, question_input
+from agentrl.agents.scoring import Score
+from agentrl_langchain.agent import LangChainAgent, LangChainAgentError, question_input
 from agentrl_langchain.chat_model import AgentRLChatModel
 from agentrl_langchain.messages import RAW_TEXT_KEY, to_ai_message, to_chat
 

@@ -27,11 +27,9 @@ in sync tools or wrap them in ``asyncio.to_thread``.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from langchain_core.callbacks import BaseCallbackHandler
@@ -40,28 +38,11 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 
 from agentrl.agents.base import EpisodeTruncated, Outcome, ReplayMismatchError, Task
-from agentrl.agents.blocking import run_blocking
 from agentrl.agents.llm import LLMClient
+from agentrl.agents.scoring import apply_score, score
 from agentrl_langchain.chat_model import AgentRLChatModel
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Score:
-    """What a reward function may return instead of a plain float.
-
-    Attributes:
-        reward: Terminal reward of the episode (added to its last turn).
-        success: Whether the task was solved (``rollout/success``); None: ``reward >= success_threshold``.
-        turn_rewards: Extra per-turn rewards, one per LLM call in order (shorter is fine), for turn-level credit.
-        info: Anything worth reviewing, merged into the trajectory's ``info``.
-    """
-
-    reward: float
-    success: bool | None = None
-    turn_rewards: Sequence[float] = ()
-    info: dict[str, Any] = field(default_factory=dict)
 
 
 class LangChainAgentError(RuntimeError):
@@ -152,15 +133,10 @@ class LangChainAgent:
             info = _episode_info(llm, callbacks, None)
             info.update(success=False, truncation=reason)
             return self._finish(task, Outcome(0.0, terminated=False, truncated=True, info=info))
-        score = await self._score(task, result)
-        for i, value in enumerate(score.turn_rewards):
-            if i >= len(llm.turns):
-                raise ValueError(f"reward gave {len(score.turn_rewards)} turn rewards for {len(llm.turns)} LLM calls")
-            llm.reward(float(value), turn=i)
+        result_score = await score(self.reward, task, result)
         info = _episode_info(llm, callbacks, result)
-        info.update(score.info)
-        info["success"] = bool(score.reward >= self.success_threshold if score.success is None else score.success)
-        return self._finish(task, Outcome(float(score.reward), terminated=True, info=info))
+        apply_score(llm, result_score, info, self.success_threshold)
+        return self._finish(task, Outcome(float(result_score.reward), terminated=True, info=info))
 
     async def _invoke(self, task: Task, llm: LLMClient, callbacks: _EpisodeCallbacks) -> Any:
         model = AgentRLChatModel(client=llm)
@@ -180,19 +156,6 @@ class LangChainAgent:
                 raise  # a tool's own timeout: reported as that tool's error
             raise LangChainAgentError(f"the agent did not finish within timeout={self.timeout} s "
                                       f"({len(llm.turns)} LLM calls made)") from exc
-
-    async def _score(self, task: Task, result: Any) -> Score:
-        if _is_async(self.reward):
-            value = self.reward(task, result)
-        else:  # sync user code (a checker, a subprocess): off the event loop, so a hang costs only this episode
-            value = await run_blocking(self.reward, task, result)
-        if inspect.isawaitable(value):
-            value = await value
-        if isinstance(value, Score):
-            return value
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return Score(float(value))
-        raise TypeError(f"reward must return a float or a Score, got {type(value).__name__}")
 
     def _truncation(self, exc: BaseException) -> str | None:
         """Why the episode was cut off, or None when ``exc`` is a failure."""
@@ -214,11 +177,6 @@ class LangChainAgent:
                      dict(info.get("tools", {})), info.get("tool_errors", 0), outcome.reward,
                      " (truncated)" if outcome.truncated else "")
         return outcome
-
-
-def _is_async(fn: Callable[..., Any]) -> bool:
-    call = type(fn).__call__ if not inspect.isroutine(fn) else None  # a callable object's async __call__
-    return inspect.iscoroutinefunction(fn) or (call is not None and inspect.iscoroutinefunction(call))
 
 
 def _describe(exc: BaseException, callbacks: _EpisodeCallbacks, llm: LLMClient) -> str:

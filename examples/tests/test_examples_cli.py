@@ -1,0 +1,35 @@
+"""`agentrl fit` on the examples' smoke configs through a subprocess, as a user runs it: the YAML names the
+agent's ``run`` and ``reward`` by dotted path, the trainer starts the gateway, the run trains two steps, checkpoints
+and logs to MLflow."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["openai_agents_rtpo", "openai_client_rtpo"])
+def test_smoke_config_trains_two_steps_through_the_gateway(tmp_path: Path, name: str) -> None:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    config = str(ROOT / f"configs/smoke/{name}.yaml")
+    proc = subprocess.run([sys.executable, "-m", "agentrl.cli", "fit", "--config", config],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = torch.load(tmp_path / "checkpoints/smoke/last.ckpt", weights_only=True, map_location="cpu")
+    assert state["agentrl"]["rl_step"] == 2
+    with sqlite3.connect(tmp_path / "mlflow.db") as con:
+        steps = [s for (s,) in con.execute("SELECT step FROM metrics WHERE key = 'rollout/reward' ORDER BY step")]
+        failed = [v for (v,) in con.execute("SELECT value FROM metrics WHERE key = 'rollout/failed'")]
+        params = dict(con.execute("SELECT key, value FROM params").fetchall())
+    assert steps == [0, 1]
+    assert failed == [0.0, 0.0]
+    assert params["data.agent.class_path"] == "agentrl.agents.http_agent.HTTPAgent"
