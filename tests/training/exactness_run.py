@@ -1,0 +1,163 @@
+"""One training step of a schedule on fixed trajectories, on one process or on several ranks (run as a script).
+
+Used by tests/training/test_exactness.py: the same trajectories, split unevenly between two ranks (rank 0 holds
+one group or trunk, rank 1 three), must give the update one process gives over all of them. The schedules' own
+code runs unchanged; only collection is replaced by `FixedLearner`, which hands each ``collect`` call the next
+fixed batch of this rank (rollouts are not under test here, and sampled ones would differ between the runs).
+
+``--rollouts`` runs real rollouts instead and writes each rank's episode rewards and the logged step metrics.
+
+    python -m tests.training.exactness_run --schedule grpo --devices 2 --out /tmp/x.pt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from agentrl.training.batching import keys_of
+from agentrl.training.schedules import GRPO, TokenPPO, TurnPPO
+from agentrl.training.rtpo import RTPO
+from agentrl.training.settings import PPOSettings
+from agentrl.types import Trajectory, Turn
+from tests.training.helpers import guess_data, letter_data, make_module
+
+VOCAB = 300
+GROUPS = 4  # groups (trunks for RTPO); rank 0 of 2 holds the first, rank 1 the other three
+
+
+def _turns(rng: random.Random, n_turns: int) -> list[Turn]:
+    turns: list[Turn] = []
+    context = [rng.randrange(3, VOCAB) for _ in range(rng.randint(4, 9))]
+    for k in range(n_turns):
+        response = [rng.randrange(3, VOCAB) for _ in range(rng.randint(2, 6))]
+        turns.append(Turn(list(context), response, [0.0] * len(response), index=k, reward=0.0))
+        context = context + response + [rng.randrange(3, VOCAB) for _ in range(rng.randint(2, 5))]
+    return turns
+
+
+def _trajectory(seed: tuple[Any, ...], n_turns: int, group: int) -> Trajectory:
+    rng = random.Random(repr(seed))
+    turns = _turns(rng, n_turns)
+    turns[-1].reward = rng.choice([-1.0, 0.0, 0.5, 1.0])
+    return Trajectory(turns=turns, group=group, terminated=True)
+
+
+def _groups(schedule: str) -> list[list[Trajectory]]:
+    """Per group: its trajectories (GRPO: 3 with 1–4 turns; PPO: 1 each)."""
+    size = 3 if schedule == "grpo" else 1
+    return [[_trajectory(("g", g, j), 1 + (g + j) % 4, g) for j in range(size)] for g in range(GROUPS)]
+
+
+def _rtpo_batches() -> list[list[list[Trajectory]]]:
+    """Per trunk: [trunk], then its siblings at depth K−1 … 0 (K = 3): trunk 0 has one turn (no siblings at depths
+    2 and 1), the others three; two siblings per trunk and depth, each continuing to its own end."""
+    out = []
+    for g in range(GROUPS):
+        depth = 1 if g == 0 else 3
+        trunk = _trajectory(("trunk", g), depth, g)
+        per_depth = [[_trajectory(("sib", g, k, j), k + 1 + j, g) if k < depth else None for j in range(2)]
+                     for k in reversed(range(3))]
+        out.append([[trunk]] + [[s for s in sibs if s is not None] for sibs in per_depth])
+    return out
+
+
+class FixedLearner:
+    """The real module as the `Learner`, except that ``collect`` returns this rank's next fixed batch."""
+
+    def __init__(self, module: Any, batches: list[list[Trajectory]]) -> None:
+        self.module, self.batches = module, list(batches)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.module, name)
+
+    def collect(self, coro: Coroutine[Any, Any, list[Trajectory]]) -> list[Trajectory]:
+        coro.close()
+        return self.batches.pop(0)
+
+
+def fixed_schedule(base: type, batches: list[list[Trajectory]], **kw: Any) -> Any:
+    class Fixed(base):  # type: ignore[misc,valid-type]
+        def step(self, learner: Any, tasks: list[Any]) -> dict[str, float]:
+            return super().step(FixedLearner(learner, batches), tasks)
+
+    return Fixed(**kw)
+
+
+def _score_logprobs(module: Any, trajs: list[Trajectory]) -> None:
+    """Behaviour log-probs = the initial policy's, one turn at a time (ratios start at 1: real gradients)."""
+    for traj in trajs:
+        lp = module.logprobs([traj], keys_of([traj]))
+        for turn in traj.turns:
+            turn.logprobs = lp[(0, turn.index)]
+
+
+class GradLog(pl.Callback):
+    """Every optimizer step's (summed) gradient, on rank 0."""
+
+    def __init__(self) -> None:
+        self.grads: list[dict[str, torch.Tensor]] = []
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: Any, optimizer: Any) -> None:
+        grads = {n: p.grad.detach().clone() for n, p in pl_module.named_parameters() if p.grad is not None}
+        if grads:
+            self.grads.append(grads)
+
+
+SCHEDULES = {"grpo": GRPO, "turn_ppo": TurnPPO, "token_ppo": TokenPPO, "rtpo": RTPO}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--schedule", choices=sorted(SCHEDULES), required=True)
+    ap.add_argument("--devices", type=int, default=1)
+    ap.add_argument("--strategy", default="ddp")
+    ap.add_argument("--rollouts", action="store_true")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    rank, world = int(os.environ.get("LOCAL_RANK", 0)), args.devices
+    kw: dict[str, Any] = {"ppo": PPOSettings(epochs=2)}
+    if args.schedule in ("grpo", "rtpo"):
+        kw["group_size"] = 3
+    if args.rollouts:
+        schedule = SCHEDULES[args.schedule](**kw)
+        data = guess_data(batch_size=6, steps=1)
+    else:
+        if args.schedule == "rtpo":
+            per_group = _rtpo_batches()
+            mine = per_group[:1] if (world == 2 and rank == 0) else per_group[1:] if world == 2 else per_group
+            batches = [[t for g in mine for t in g[i]] for i in range(4)]
+        else:
+            groups = _groups(args.schedule)
+            mine = groups[:1] if (world == 2 and rank == 0) else groups[1:] if world == 2 else groups
+            batches = [[t for g in mine for t in g]]
+        schedule = fixed_schedule(SCHEDULES[args.schedule], batches, **kw)
+        data = letter_data(batch_size=6, steps=1)
+    module = make_module(schedule, micro_batch_tokens=64, optim=None)
+    if not args.rollouts:
+        for batch in batches:
+            _score_logprobs(module, batch)
+    grads = GradLog()
+    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=args.strategy if world > 1 else "auto",
+                         max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[grads])
+    trainer.fit(module, datamodule=data)
+    if args.rollouts:
+        rewards = [t.total_reward for t in module.last_trajectories if not t.failed]
+        Path(f"{args.out}.rank{rank}.json").write_text(json.dumps({"rewards": rewards, "metrics": module.last_metrics}))
+        return
+    if rank == 0:
+        params = {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
+        torch.save({"grads": grads.grads, "params": params, "metrics": module.last_metrics}, args.out)
+
+
+if __name__ == "__main__":
+    main()
