@@ -52,11 +52,13 @@ def free_port() -> int:
 
 
 def start_server(log_dir: Path, *args: str, model: str = "tiny-random", api_key: str | None = None,
-                 timeout: float = 120.0) -> Server:
-    """Start ``agentrl serve --model <model> <args>`` and wait until ``/health`` answers."""
+                 timeout: float = 120.0, positional: bool = False) -> Server:
+    """Start ``agentrl serve --model <model> <args>`` (``agentrl serve <model> ...`` if ``positional``) and wait
+    until ``/health`` answers."""
     port = free_port()
     log = log_dir / f"serve-{port}.log"
-    cmd = [sys.executable, "-m", "agentrl.cli", "serve", "--model", model, "--port", str(port), *args]
+    model_args = [model] if positional else ["--model", model]
+    cmd = [sys.executable, "-m", "agentrl.cli", "serve", *model_args, "--port", str(port), *args]
     if api_key:
         cmd += ["--api-key", api_key]
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")

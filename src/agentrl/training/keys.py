@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 
 COMMON_KEYS = """\
-Common keys of `agentrl fit` (every key of the full tree below works the same way):
+Common keys of `agentrl fit` (`agentrl fit --help` lists them all; every key works the same way):
   --config FILE                            a YAML config; configs/rtpo.yaml is the main job
   --model.policy.init_args.model NAME      smollm2-135m-instruct (default, offline), tiny-random, a model
                                            folder, a .gguf file or a Hugging Face hub id
