@@ -35,8 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrl",
         description="Fine-tune multi-turn LLM agents with turn-level RL (Turn-PPO, RTPO).",
-        epilog="Examples:\n  agentrl fit --config configs/rtpo.yaml --data.steps 5\n  agentrl serve tiny-random --port 8000"
-               "\n\n" + COMMON_KEYS,
+        epilog="Examples:\n  agentrl fit --config configs/rtpo.yaml --data.steps 5\n"
+               "  agentrl serve tiny-random --port 8000\n\n" + COMMON_KEYS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"agentrl {__version__}")

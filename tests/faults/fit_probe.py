@@ -14,13 +14,13 @@ import json
 import os
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 
 def main(cases_file: str, out_file: str) -> None:
-    import agentrl.models.loading as loading
-    import agentrl.models.policy as policy
     from agentrl.cli import main as agentrl_main
+    from agentrl.models import loading, policy
 
     loads: list[str] = []
     original = loading.load_model
@@ -32,7 +32,7 @@ def main(cases_file: str, out_file: str) -> None:
     policy.load_model = recorded_load  # type: ignore[assignment]
     loading.load_model = recorded_load  # type: ignore[assignment]
     results: dict[str, dict[str, Any]] = {}
-    for name, case in json.loads(open(cases_file).read()).items():
+    for name, case in json.loads(Path(cases_file).read_text()).items():
         loads.clear()
         os.chdir(case["cwd"])
         out, err = io.StringIO(), io.StringIO()
@@ -41,12 +41,11 @@ def main(cases_file: str, out_file: str) -> None:
                 code: Any = agentrl_main(["fit", *case["args"]])
             except SystemExit as exc:
                 code = exc.code
-            except BaseException:  # noqa: BLE001 - an uncaught exception is a result too (a traceback, not a message)
+            except BaseException:  # an uncaught exception is a result too (a traceback, not a message)
                 code = "exception"
                 traceback.print_exc()
         results[name] = {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue(), "model_loads": list(loads)}
-    with open(out_file, "w") as f:
-        json.dump(results, f)
+    Path(out_file).write_text(json.dumps(results))
 
 
 if __name__ == "__main__":

@@ -51,8 +51,8 @@ def test_smoke_run_shows_its_run_steps_and_summary_and_nothing_else(tmp_path: Pa
     assert params["model.algorithm.init_args.ppo.minibatch_size"] == "None"  # `null` on the command line
     assert params["data.agent.init_args.env.init_args.format_penalty"] == "-0.5"  # a negative number, no `=`
 
-    steps = re.findall(r"^step (\d)/3  reward [-+]\d\.\d{3}  success \d\.\d\d  \d+\.\d s  (\d+) tokens  ETA \d+:\d\d:\d\d$",
-                       out, re.M)
+    line = r"^step (\d)/3  reward [-+]\d\.\d{3}  success \d\.\d\d  \d+\.\d s  (\d+) tokens  ETA \d+:\d\d:\d\d$"
+    steps = re.findall(line, out, re.M)
     assert [s for s, _ in steps] == ["1", "2", "3"] and all(int(t) > 0 for _, t in steps), out
     summary = out[out.index("[agentrl] done: 3 steps in"):]
     assert re.search(r"held-out success: base \d\.\d{3} -> final \d\.\d{3} \(4 episodes\)", summary), summary
@@ -103,3 +103,27 @@ def test_fit_help_shows_the_common_keys_first(tmp_path: Path) -> None:
                 "--model.algorithm.class_path", "--model.engine.init_args.base_urls"):
         assert common < proc.stdout.index(key) < proc.stdout.index("--trainer.accelerator"), key
     assert list(tmp_path.iterdir()) == []  # the help starts nothing: no MLflow store, no checkpoints
+
+
+CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
+
+
+@pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
+@pytest.mark.parametrize("config", CONFIGS, ids=[str(c.relative_to(ROOT)) for c in CONFIGS])
+def test_every_shipped_config_passes_the_checks_before_work(config: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks build every cheap part of each shipped config (and resolve its model name) without error."""
+    from agentrl.training.cli import AgentRLCLI
+    from agentrl.training.datamodule import RolloutDataModule
+    from agentrl.training.module import AgentRLModule
+
+    class ChecksOnly(AgentRLCLI):
+        def instantiate_classes(self) -> None:  # stop after before_instantiate_classes (parse + checks)
+            self.checked = True
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("agentrl.training.cli.quiet_libraries", lambda: None)  # keep this process's logging as is
+    cli = ChecksOnly(AgentRLModule, RolloutDataModule, args=["--config", str(config)], run=False,
+                     auto_configure_optimizers=False)
+    assert cli.checked and cli.config.trainer.logger.init_args.run_name  # a run name was chosen
+    assert list(tmp_path.iterdir()) == []

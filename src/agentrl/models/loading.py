@@ -146,8 +146,9 @@ def _check_hub_id(spec: str) -> None:
     try:
         huggingface_hub.model_info(spec, timeout=10)
     except Exception as exc:  # not found, gated, or the hub unreachable: all mean this name cannot be loaded now
+        reason = f"{type(exc).__name__}: {str(exc)[:200]}"
         raise ModelLoadError(f"model '{spec}': not a local file or folder, not in the Hugging Face cache, and the "
-                             f"hub cannot provide it ({type(exc).__name__}: {str(exc)[:200]}). {offline_hint}") from None
+                             f"hub cannot provide it ({reason}). {offline_hint}") from None
 
 
 def load_model(spec: str, *, dtype: torch.dtype = torch.float32, seed: int = 0) -> LoadedModel:

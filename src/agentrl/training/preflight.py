@@ -85,7 +85,7 @@ def preflight(parser: ArgumentParser, config: Namespace, subcommand: str = "fit"
     def build(cls: type, *args: Any, **kwargs: Any) -> Any:
         try:
             return cls(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - any refusal of a class is a config error, reported as such
+        except Exception as exc:
             errors.append(_located(cls, exc))
             raise
 

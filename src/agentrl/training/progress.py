@@ -21,6 +21,7 @@ import os
 import shlex
 import sys
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,9 @@ def quiet_libraries() -> None:
     for name in _NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("lightning.pytorch.loggers.mlflow").setLevel(logging.ERROR)  # "Experiment ... Creating it."
+    # transformers loads models in eval mode and the trainer keeps them so (SmolLM2 and LoRA here have no
+    # dropout); Lightning warns about it at every start. AGENTRL_VERBOSE=1 shows the warning.
+    warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training")
     try:
         from transformers.utils import logging as hf_logging
 
@@ -73,7 +77,7 @@ def mlflow_ui_command(tracking_uri: str) -> str:
 
 
 def _clock(seconds: float) -> str:
-    return str(timedelta(seconds=int(round(seconds))))
+    return str(timedelta(seconds=round(seconds)))
 
 
 def _mlflow(trainer: pl.Trainer) -> MLFlowLogger | None:
