@@ -85,6 +85,9 @@ class AgentRLCLI(LightningCLI):
         quiet_libraries()
         config = self.config[self.subcommand] if self.subcommand else self.config
         _default_run_name(config)
+        if config.get("trainer.enable_progress_bar") is False:  # Lightning refuses a progress bar callback then
+            self.trainer_defaults["callbacks"] = [c for c in self.trainer_defaults.get("callbacks", [])
+                                                  if not isinstance(c, RunProgress)]
         preflight(self.parser, self.config, self.subcommand or "fit")
 
     def before_fit(self) -> None:
