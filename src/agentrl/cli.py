@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from agentrl import __version__
+from agentrl.training.keys import COMMON_KEYS
 
 # subcommand -> (module, function taking argv, one-line help)
 _COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -34,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrl",
         description="Fine-tune multi-turn LLM agents with turn-level RL (Turn-PPO, RTPO).",
-        epilog="Example: agentrl fit --config configs/rtpo.yaml",
+        epilog="Examples:\n  agentrl fit --config configs/rtpo.yaml --data.steps 5\n"
+               "  agentrl serve tiny-random --port 8000\n\n" + COMMON_KEYS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"agentrl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -52,14 +52,16 @@ def free_port() -> int:
 
 
 def start_server(log_dir: Path, *args: str, model: str = "tiny-random", api_key: str | None = None,
-                 timeout: float = 120.0, lora_root: Path | None = None, port: int | None = None) -> Server:
-    """Start ``agentrl serve --model <model> <args>`` (on ``port``, default a free one) and wait until ``/health``
-    answers; adapters load from ``lora_root`` (default: ``log_dir``)."""
+                 timeout: float = 120.0, lora_root: Path | None = None, port: int | None = None,
+                 positional: bool = False) -> Server:
+    """Start ``agentrl serve --model <model> <args>`` (``agentrl serve <model> ...`` if ``positional``; on ``port``,
+    default a free one) and wait until ``/health`` answers; adapters load from ``lora_root`` (default: ``log_dir``)."""
     port = port or free_port()
     log = log_dir / f"serve-{port}.log"
     if log.exists():  # the same port again (a restart): keep the earlier server's log
         log = log_dir / f"serve-{port}-{time.monotonic_ns()}.log"
-    cmd = [sys.executable, "-m", "agentrl.cli", "serve", "--model", model, "--port", str(port),
+    model_args = [model] if positional else ["--model", model]
+    cmd = [sys.executable, "-m", "agentrl.cli", "serve", *model_args, "--port", str(port),
            "--lora-modules-root", str(lora_root or log_dir), *args]
     if api_key:
         cmd += ["--api-key", api_key]

@@ -57,11 +57,12 @@ class GuessNumberEnv(EpisodeSnapshots):
         prompt_example: bool = False,
     ) -> None:
         if not low < high <= low + _MAX_RANGE:
-            raise ValueError(f"high must satisfy low < high <= low + {_MAX_RANGE}, got low={low}, high={high}")
+            raise ValueError(f"env.high must satisfy env.low < env.high <= env.low + {_MAX_RANGE}, got low={low}, "
+                             f"high={high}")
         if not 1 <= max_turns <= 1000:
-            raise ValueError(f"max_turns must be in [1, 1000], got {max_turns}")
+            raise ValueError(f"env.max_turns must be in [1, 1000], got {max_turns}")
         if not -10.0 <= format_penalty <= 0.0:
-            raise ValueError(f"format_penalty must be in [-10, 0], got {format_penalty}")
+            raise ValueError(f"env.format_penalty must be in [-10, 0], got {format_penalty}")
         self.low = low
         self.high = high
         self.max_turns = max_turns

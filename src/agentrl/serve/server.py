@@ -244,7 +244,10 @@ def create_app(served: ServedModel, *, api_key: str | None = None) -> FastAPI:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentrl serve", description="Serve a model over a vLLM-compatible HTTP API "
                                 "(completions, chat completions with tools, LoRA hot-loading).")
-    p.add_argument("--model", required=True, help="smollm2-135m-instruct, tiny-random, a model folder or a .gguf")
+    model_help = ("smollm2-135m-instruct (default, as agentrl fit), tiny-random, a model folder, a .gguf file or a "
+                  "hub id; given as `agentrl serve MODEL` (as vllm serve) or `--model MODEL`")
+    p.add_argument("model_arg", nargs="?", default=None, metavar="MODEL", help=model_help)
+    p.add_argument("--model", default=None, help=model_help)
     p.add_argument("--served-model-name", default=None, help="name clients use in 'model' (default: --model)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
@@ -264,9 +267,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``agentrl serve`` arguments; the model comes positionally or from ``--model`` (default: SmolLM2)."""
+    from agentrl.models.loading import SMOLLM2
+
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    if args.model_arg is not None and args.model is not None and args.model_arg != args.model:
+        parser.error(f"the model is given twice, as {args.model_arg!r} and --model {args.model!r}: give it once")
+    args.model = args.model_arg or args.model or SMOLLM2
+    del args.model_arg
+    return args
+
+
 def serve_main(argv: Sequence[str]) -> int:
     """Entry point of ``agentrl serve``."""
-    args = build_parser().parse_args(list(argv))
+    args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import uvicorn

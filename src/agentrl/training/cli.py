@@ -1,9 +1,11 @@
 """``agentrl fit``: LightningCLI over `AgentRLModule` and `RolloutDataModule`.
 
-Defaults a user expects: MLflow tracking to ``sqlite:///mlflow.db`` (the resolved config logged with the run),
-one epoch of ``data.steps`` RL steps, a progress bar with reward and step time, ``checkpoints/last.ckpt`` every
-``checkpoint.every_n_steps`` steps and at the end, a graceful stop on SIGINT/SIGTERM, and ``--ckpt_path last`` to
-resume. Unknown keys, wrong types and out-of-range values stop the run before any work, naming the key.
+Defaults a user expects: MLflow tracking to ``sqlite:///mlflow.db`` (the resolved config logged with the run, a
+run name that says what ran), one epoch of ``data.steps`` RL steps, one line per step in RL terms with the
+``mlflow ui`` command at the start and a summary at the end (`agentrl.training.progress`), other libraries quiet
+unless ``AGENTRL_VERBOSE=1``, ``checkpoints/last.ckpt`` every ``checkpoint.every_n_steps`` steps and at the end, a
+graceful stop on SIGINT/SIGTERM, and ``--ckpt_path last`` to resume. Unknown keys, wrong types and out-of-range
+values stop the run before any work (no model load, no MLflow run), naming the key (`agentrl.training.preflight`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import Namespace
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
@@ -24,7 +27,10 @@ from lightning.pytorch.loggers import MLFlowLogger
 from agentrl.tracking import TrajectoryLogger
 from agentrl.training.callbacks import GracefulStop, RLCheckpoint
 from agentrl.training.datamodule import RolloutDataModule
+from agentrl.training.keys import COMMON_KEYS, normalize_argv
 from agentrl.training.module import AgentRLModule
+from agentrl.training.preflight import ConfigError, preflight
+from agentrl.training.progress import RunProgress, quiet_libraries, verbose
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
@@ -74,8 +80,15 @@ class AgentRLCLI(LightningCLI):
         })
 
     def before_instantiate_classes(self) -> None:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        logging.getLogger("agentrl").setLevel(logging.INFO)
+        logging.basicConfig(level=logging.INFO if verbose() else logging.WARNING,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        quiet_libraries()
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        _default_run_name(config)
+        if config.get("trainer.enable_progress_bar") is False:  # Lightning refuses a progress bar callback then
+            self.trainer_defaults["callbacks"] = [c for c in self.trainer_defaults.get("callbacks", [])
+                                                  if not isinstance(c, RunProgress)]
+        preflight(self.parser, self.config, self.subcommand or "fit")
 
     def before_fit(self) -> None:
         # resuming loads checkpoints with torch.load(weights_only=True) unless the user says otherwise
@@ -89,18 +102,50 @@ class AgentRLCLI(LightningCLI):
         return trainer
 
 
+def _short(class_path: Any) -> str:
+    return str(class_path).rsplit(".", 1)[-1].lower() if class_path else ""
+
+
+def _default_run_name(config: Namespace) -> None:
+    """Name the MLflow run after what runs (``rtpo-guessnumber-s0``) unless the config names it."""
+    logger = config.get("trainer.logger")
+    if not isinstance(logger, Namespace) or _short(logger.get("class_path")) != "mlflowlogger":
+        return
+    if logger.get("init_args.run_name"):
+        return
+    algorithm = _short(config.get("model.algorithm.class_path")) or "run"
+    agent = config.get("data.agent")
+    env = agent.get("init_args.env.class_path") if isinstance(agent, Namespace) else None
+    task = _short(env).removesuffix("env") if env else _short(agent.get("class_path") if agent else "")
+    task = task.removesuffix("agent") or "agent"
+    seed = config.get("seed_everything")
+    seed_part = f"-s{seed}" if isinstance(seed, int) and not isinstance(seed, bool) else ""
+    logger["init_args.run_name"] = f"{algorithm}-{task}{seed_part}"
+
+
 def fit_main(argv: Sequence[str]) -> int:
     """Entry point of ``agentrl fit``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # tasks are plain data handed to training_step on purpose (rollouts happen inside it): not a mistake
     warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device`")
     warnings.filterwarnings("ignore", message=".*isinstance.treespec, LeafSpec.*")
-    AgentRLCLI(
-        AgentRLModule,
-        RolloutDataModule,
-        args=None if list(argv) == sys.argv[2:] else ["fit", *argv],
-        save_config_callback=MLflowConfig,
-        save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
-        auto_configure_optimizers=False,
-    )
+    # the arguments are given explicitly because they are normalized (see normalize_argv), not by mistake
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+    args = normalize_argv(argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(COMMON_KEYS)
+    quiet_libraries()
+    try:
+        AgentRLCLI(
+            AgentRLModule,
+            RolloutDataModule,
+            args=["fit", *args],
+            save_config_callback=MLflowConfig,
+            save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
+            trainer_defaults={"callbacks": [RunProgress()]},
+            auto_configure_optimizers=False,
+        )
+    except ConfigError as exc:
+        print(f"agentrl fit: config error: {exc}", file=sys.stderr, flush=True)
+        return 2
     return 0

@@ -157,8 +157,12 @@ class RolloutDataModule(pl.LightningDataModule):
                                  ("eval_episodes", eval_episodes, 0), ("eval_every", eval_every, 0)):
             if value < low:
                 raise ValueError(f"data.{name} must be >= {low}, got {value}")
-        if episode_timeout <= 0:
-            raise ValueError(f"data.episode_timeout must be > 0, got {episode_timeout}")
+        if not episode_timeout > 0:
+            raise ValueError(f"data.episode_timeout must be > 0 seconds, got {episode_timeout}")
+        if not 0.0 <= max_failed_fraction <= 1.0:
+            raise ValueError(f"data.max_failed_fraction must be in [0, 1], got {max_failed_fraction}")
+        if max_turns is not None and max_turns < 1:
+            raise ValueError(f"data.max_turns must be >= 1 or null, got {max_turns}")
         self.agent = agent
         self.tasks = tasks or SeedTasks()
         self.eval_tasks = eval_tasks or SeedTasks(offset=1_000_000, prefix="eval")

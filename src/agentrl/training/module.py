@@ -99,8 +99,7 @@ class AgentRLModule(pl.LightningModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        if micro_batch_tokens < 1:
-            raise ValueError(f"model.micro_batch_tokens must be >= 1, got {micro_batch_tokens}")
+        self.check_args(policy.uses_lora, algorithm, micro_batch_tokens)
         self.automatic_optimization = False
         self.policy = policy
         self.algorithm = algorithm
@@ -110,9 +109,6 @@ class AgentRLModule(pl.LightningModule):
         self.critic: TurnCritic | None = None
         if algorithm.needs_critic:
             self.critic = TurnCritic(policy, shared_backbone=self.critic_settings.shared_backbone)
-        if algorithm.needs_reference and not policy.uses_lora:
-            raise ValueError("algorithm.ppo.kl_coef > 0 needs a LoRA policy (policy.lora): the frozen base is the "
-                             "KL reference")
         self.micro_batch_tokens = micro_batch_tokens
         self.pack_turns = pack_turns
         self.peak_flops = peak_flops
@@ -128,6 +124,14 @@ class AgentRLModule(pl.LightningModule):
         self.last_trajectories: list[Trajectory] = []
         self.last_metrics: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
+
+    @staticmethod
+    def check_args(uses_lora: bool, algorithm: Schedule, micro_batch_tokens: int) -> None:
+        """The checks across arguments (also run by `agentrl.training.preflight` before the model loads)."""
+        if micro_batch_tokens < 1:
+            raise ValueError(f"model.micro_batch_tokens must be >= 1, got {micro_batch_tokens}")
+        if algorithm.needs_reference and not uses_lora:
+            raise ValueError("algorithm.ppo.kl_coef > 0 needs a LoRA policy (policy.lora): the base is the reference")
 
     # ------------------------------------------------------------------ lifecycle
 

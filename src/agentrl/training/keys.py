@@ -1,0 +1,73 @@
+"""The ``agentrl fit`` keys people change most, and command-line forms jsonargparse would misread.
+
+Kept free of heavy imports: ``agentrl --help`` shows `COMMON_KEYS` without loading torch or Lightning.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+COMMON_KEYS = """\
+Common keys of `agentrl fit` (`agentrl fit --help` lists them all; every key works the same way):
+  --config FILE                            a YAML config; configs/rtpo.yaml is the main job
+  --model.policy.init_args.model NAME      smollm2-135m-instruct (default, offline), tiny-random, a model
+                                           folder, a .gguf file or a Hugging Face hub id
+  --data.steps N                           RL steps of the run
+  --data.batch_size N                      episodes per step (whole groups of the algorithm)
+  --model.algorithm.class_path PATH        agentrl.training.rtpo.RTPO, agentrl.training.schedules.GRPO,
+                                           ...schedules.TurnPPO or ...schedules.TokenPPO
+  --model.algorithm.init_args.group_size G episodes per group (GRPO) or G-1 siblings per turn (RTPO)
+  --model.optim.lr LR                      policy learning rate
+  --model.engine.class_path agentrl.engines.vllm.VLLMEngineSpec --model.engine.init_args.base_urls
+    '[http://127.0.0.1:8000]'              roll out on vLLM (or `agentrl serve`) servers instead of in process
+  --trainer.logger.init_args.run_name NAME MLflow run name (default: <algorithm>-<task>-s<seed>)
+  --ckpt_path last                         resume the run from its last checkpoint
+  --print_config                           print the resolved config and exit
+Values: `--key null` sets None; negative numbers work as `--key -1e-3` or `--key=-1e-3`.
+Every value is checked before the model loads. AGENTRL_VERBOSE=1 shows the libraries' own output.
+"""
+
+_NULLS = {"null", "~", "none", "None", "Null", "NULL"}
+
+
+def _is_negative_number(token: str) -> bool:
+    if not token.startswith("-") or token.startswith("--"):
+        return False
+    try:
+        value = float(token)
+    except ValueError:
+        return False
+    return not math.isnan(value)
+
+
+def normalize_argv(argv: Sequence[str]) -> list[str]:
+    """Rewrite two command-line forms that jsonargparse misreads, keeping their meaning.
+
+    * ``--key -1e-3``: argparse takes a token like ``-1e-3`` for an option; it becomes ``--key=-1e-3``.
+    * ``--a.init_args.b.c null``: jsonargparse (4.53) re-parses keys below a ``class_path`` from text and turns
+      None into the string ``'None'``; it becomes ``--a.init_args '{b: {c: null}}'``, which it merges correctly.
+    """
+    out: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        token = args[i]
+        key, value, width = token, None, 1
+        if token.startswith("--") and "=" in token:
+            key, value = token.split("=", 1)
+        elif token.startswith("--") and i + 1 < len(args) and (
+                _is_negative_number(args[i + 1]) or args[i + 1] in _NULLS):
+            value, width = args[i + 1], 2
+        if value is not None and value in _NULLS and ".init_args." in key:
+            owner, rest = key.split(".init_args.", 1)
+            nested = "null"
+            for part in reversed(rest.split(".")):
+                nested = f"{{{part}: {nested}}}"
+            out += [f"{owner}.init_args", nested]
+        elif value is not None:
+            out.append(f"{key}={value}")
+        else:
+            out.append(token)
+        i += width
+    return out

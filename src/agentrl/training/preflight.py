@@ -1,0 +1,124 @@
+"""Check a parsed ``agentrl fit`` config before any work: no model weights, no hub, no MLflow run until it is good.
+
+jsonargparse checks types while parsing, but value checks live in the config's own classes (``__post_init__`` of
+the settings dataclasses, ``__init__`` of schedules, environments, engine specs, the data module), which run only
+when the classes are built, and LightningCLI builds the model (loading its weights) and the MLflow logger
+(creating its store) first. `preflight` therefore builds every cheap part of the config once, with jsonargparse's
+own instantiation, swapping in stand-ins for the three expensive parts:
+
+* the `Policy`: its model name is resolved without loading weights (`check_model_spec`: a typo'd hub id fails in
+  about a second, offline at once);
+* the `AgentRLModule`: its arguments are checked together (`AgentRLModule.check_args`) without building a critic;
+* the loggers: not created (an MLflow logger creates its store when built).
+
+Then it runs the checks that span parts (the batch must hold whole groups of the algorithm). A wrong value raises
+`ConfigError` naming the key; jsonargparse's "Does not validate against any of the Union subtypes" wrapping (from
+``OptimSettings | None`` and similar) is unwrapped to the class's own message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from jsonargparse import ArgumentParser, Namespace
+from lightning.pytorch.loggers import Logger
+
+from agentrl.models.loading import SMOLLM2, check_model_spec
+from agentrl.models.policy import Policy
+from agentrl.training.module import AgentRLModule
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message names the key and what was expected."""
+
+
+@dataclass
+class PolicyPlan:
+    """What the checks need to know about the policy, without its weights."""
+
+    model: str
+    uses_lora: bool
+
+
+@dataclass
+class ModulePlan:
+    """The checked arguments of `AgentRLModule`, without building it."""
+
+    policy: PolicyPlan
+    algorithm: Any
+
+
+def class_keys(cfg: Any, prefix: str = "") -> dict[str, str]:
+    """``{class_path: config key}`` of every ``class_path`` in a parsed config (the first key wins)."""
+    out: dict[str, str] = {}
+    items = cfg.items() if isinstance(cfg, dict) else vars(cfg).items() if isinstance(cfg, Namespace) else []
+    for key, value in items:
+        path = f"{prefix}{key}"
+        if key == "class_path" and isinstance(value, str):
+            out.setdefault(value, prefix[:-1])
+        elif isinstance(value, Namespace | dict):
+            for cls, where in class_keys(value, f"{path}.").items():
+                out.setdefault(cls, where)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                for cls, where in class_keys(item, f"{path}[{i}].").items():
+                    out.setdefault(cls, where)
+    return out
+
+
+def preflight(parser: ArgumentParser, config: Namespace, subcommand: str = "fit") -> None:
+    """Build the cheap parts of ``config`` (their own checks run) and check across parts.
+
+    Raises:
+        ConfigError: the first wrong value, naming its key.
+    """
+    where = class_keys(config.get(subcommand, config))
+    errors: list[str] = []
+
+    def _located(cls: type, exc: Exception) -> str:
+        # a config may name a class by a re-export (agentrl.envs.GuessNumberEnv): match the class name too
+        key = where.get(f"{cls.__module__}.{cls.__qualname__}") or next(
+            (k for path, k in where.items() if path.rsplit(".", 1)[-1] == cls.__qualname__), None)
+        return f"{exc} (in {key}: {cls.__qualname__})" if key else f"{exc} (in {cls.__qualname__})"
+
+    def build(cls: type, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return cls(*args, **kwargs)
+        except Exception as exc:
+            errors.append(_located(cls, exc))
+            raise
+
+    def plan_policy(cls: type, model: str = SMOLLM2, **kwargs: Any) -> PolicyPlan:
+        try:
+            check_model_spec(model)
+        except Exception as exc:
+            errors.append(f"{exc} (key model.policy.init_args.model)")
+            raise
+        return PolicyPlan(model=model, uses_lora=kwargs.get("lora") is not None)
+
+    def plan_module(cls: type, policy: PolicyPlan, algorithm: Any, **kwargs: Any) -> ModulePlan:
+        try:
+            AgentRLModule.check_args(policy.uses_lora, algorithm, kwargs.get("micro_batch_tokens", 4096))
+        except Exception as exc:
+            errors.append(str(exc))
+            raise
+        return ModulePlan(policy=policy, algorithm=algorithm)
+
+    def no_logger(cls: type, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    try:
+        built = parser.instantiate(config, instantiators=[
+            (plan_policy, Policy, True), (plan_module, AgentRLModule, True), (no_logger, Logger, True),
+            (build, object, True),
+        ])
+    except Exception as exc:
+        raise ConfigError(errors[-1] if errors else str(exc)) from None
+    fit = built.get(subcommand, built)
+    module, data = fit.get("model"), fit.get("data")
+    if isinstance(module, ModulePlan) and hasattr(data, "configure"):
+        try:
+            data.configure(module.algorithm.episodes_per_task)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None

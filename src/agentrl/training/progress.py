@@ -1,0 +1,170 @@
+"""What ``agentrl fit`` shows on the terminal: the run in RL terms, and where it was recorded.
+
+`RunProgress` replaces Lightning's progress bar (it *is* a Lightning `ProgressBar`, so Lightning adds no bar of its
+own). It prints, on rank 0 only and one line each, so that the output reads the same in a terminal, a log file or
+a CI job:
+
+* at the start: the MLflow run name, id and experiment, and the exact ``mlflow ui`` command that opens the store
+  this run writes;
+* after every RL step: ``step k/N``, the step's reward and success, the step time, the generated tokens, the ETA;
+* at the end: base → final held-out success, the wall time, where the final model is, and the ``mlflow ui``
+  command again.
+
+`quiet_libraries` silences what other libraries print by default (Lightning's device lines and tips, MLflow's
+database and trace-queue messages and download bars, transformers' save bars); ``AGENTRL_VERBOSE=1`` keeps them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+import time
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.loggers import MLFlowLogger
+
+VERBOSE_ENV = "AGENTRL_VERBOSE"
+_NOISY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "mlflow", "alembic",
+                  "transformers", "httpx", "urllib3", "huggingface_hub", "agentrl")
+
+
+def verbose() -> bool:
+    """Whether ``AGENTRL_VERBOSE`` asks for every library's own output."""
+    return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def quiet_libraries() -> None:
+    """Silence other libraries' chatter unless ``AGENTRL_VERBOSE=1`` (warnings and errors still show)."""
+    if verbose():
+        logging.getLogger("agentrl").setLevel(logging.INFO)
+        return
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "warning")
+    for name in _NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("lightning.pytorch.loggers.mlflow").setLevel(logging.ERROR)  # "Experiment ... Creating it."
+    # transformers loads models in eval mode and the trainer keeps them so (SmolLM2 and LoRA here have no
+    # dropout); Lightning warns about it at every start. AGENTRL_VERBOSE=1 shows the warning.
+    warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - transformers is a core dependency
+        pass
+
+
+def mlflow_ui_command(tracking_uri: str) -> str:
+    """The ``mlflow ui`` command that opens ``tracking_uri`` from any directory (relative paths made absolute)."""
+    uri = tracking_uri
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        uri = prefix + str(Path(uri[len(prefix):]).resolve())
+    elif "://" not in uri:
+        uri = str(Path(uri).resolve())
+    elif uri.startswith("file:") and not uri.startswith("file:///"):
+        uri = Path(uri.removeprefix("file:").removeprefix("//")).resolve().as_uri()
+    return f"mlflow ui --backend-store-uri {shlex.quote(uri)}"
+
+
+def _clock(seconds: float) -> str:
+    return str(timedelta(seconds=round(seconds)))
+
+
+def _mlflow(trainer: pl.Trainer) -> MLFlowLogger | None:
+    for logger in trainer.loggers:
+        if isinstance(logger, MLFlowLogger):
+            return logger
+    return None
+
+
+class RunProgress(ProgressBar):
+    """One line per RL step, a start line and an end summary (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._enabled = True
+        self._start = 0.0
+        self._first_step = 0
+        self._base: dict[str, float] = {}
+        self._base_id = 0
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    @property
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    def _say(self, trainer: pl.Trainer, text: str) -> None:
+        if self._enabled and trainer.is_global_zero:
+            print(text, file=sys.stdout, flush=True)
+
+    def _where(self, trainer: pl.Trainer) -> str | None:
+        logger = _mlflow(trainer)
+        if logger is None:
+            return None
+        client = logger.experiment
+        name = client.get_run(logger.run_id).info.run_name
+        experiment = client.get_experiment(logger.experiment_id).name
+        return (f"run {name} (id {logger.run_id}) in MLflow experiment {experiment}; open it with:\n"
+                f"  {mlflow_ui_command(client.tracking_uri)}")
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        where = self._where(trainer) if trainer.is_global_zero else None
+        self._say(trainer, f"[agentrl] {where}" if where else "[agentrl] no MLflow logger: metrics are not recorded")
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start = time.perf_counter()
+        self._first_step = int(getattr(pl_module, "rl_step", 0))
+        self._base = getattr(pl_module, "last_eval", {}) or {}
+        self._base_id = id(self._base)
+        if self._first_step:
+            self._say(trainer, f"[agentrl] resumed at step {self._first_step} from {trainer.ckpt_path}")
+
+    def _steps(self, trainer: pl.Trainer) -> int:
+        return int(getattr(trainer.datamodule, "steps", 0) or self.total_train_batches)  # type: ignore[attr-defined]
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        m = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
+        step, total = int(getattr(pl_module, "rl_step", batch_idx + 1)), self._steps(trainer)
+        done = max(step - self._first_step, 1)
+        eta = (time.perf_counter() - self._start) / done * max(total - step, 0)
+        self._say(trainer, (
+            f"step {step:>{len(str(total))}}/{total}  reward {m.get('rollout/reward', float('nan')):+.3f}  "
+            f"success {m.get('rollout/success', float('nan')):.2f}  {m.get('perf/step_seconds', 0.0):.1f} s  "
+            f"{int(m.get('perf/generated_tokens', 0))} tokens  ETA {_clock(eta)}"))
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        step = int(getattr(pl_module, "rl_step", 0))
+        final = getattr(pl_module, "last_eval", {}) or {}
+        lines = [f"[agentrl] done: {step} steps in {_clock(time.perf_counter() - self._start)}"]
+        if "eval/success" in self._base and "eval/success" in final and id(final) != self._base_id:
+            lines.append(f"  held-out success: base {self._base['eval/success']:.3f} -> final "
+                         f"{final['eval/success']:.3f} ({int(final.get('eval/episodes', 0))} episodes)")
+        for cb in trainer.callbacks:  # type: ignore[attr-defined]
+            if getattr(cb, "last_model_path", None):
+                lines.append(f"  checkpoint: {cb.last_model_path} (resume with --ckpt_path last)")
+        logger = _mlflow(trainer)
+        if logger is not None and any(getattr(cb, "log_final_model", False) for cb in trainer.callbacks):  # type: ignore[attr-defined]
+            uri = logger.experiment.get_run(logger.run_id).info.artifact_uri
+            lines.append(f"  final model: {uri}/final_model (transformers/peft from_pretrained)")
+        where = self._where(trainer)
+        if where:
+            lines.append(f"  {where}".replace("\n", "\n  "))
+        self._say(trainer, "\n".join(lines))

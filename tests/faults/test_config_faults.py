@@ -1,0 +1,81 @@
+"""Config mistakes stop ``agentrl fit`` before any work: no model load, no hub, no MLflow store, no checkpoint.
+
+Each case is a mistake a user makes on the command line of a smoke config. All cases run through the real CLI in
+one subprocess (`fit_probe.py`: one interpreter start instead of seventeen), each in its own directory, with the
+model loader wrapped so that a load that *starts* is recorded. A case passes when the run ends with an exit code,
+names the key in a readable message (not jsonargparse's "Does not validate against any of the Union subtypes"
+dump, not a traceback), and left no ``mlflow.db``, no ``mlruns``, no checkpoints and no model load behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RTPO = str(ROOT / "configs/smoke/rtpo.yaml")
+GRPO = str(ROOT / "configs/smoke/grpo.yaml")
+VLLM = ["--model.engine.class_path", "agentrl.engines.vllm.VLLMEngineSpec"]
+
+# name: (config, arguments, text the error must contain)
+CASES: dict[str, tuple[str, list[str], str]] = {
+    "negative-lr": (RTPO, ["--model.optim.lr=-1e-3"], "optim.lr"),
+    "group-size-0": (GRPO, ["--model.algorithm.init_args.group_size", "0"], "group_size"),
+    "clip-low-1.5": (RTPO, ["--model.algorithm.init_args.ppo.clip_low", "1.5"], "ppo.clip_low"),
+    "temperature-negative": (RTPO, ["--data.sampling.temperature", "-1"], "sampling.temperature"),
+    "episode-timeout-0": (RTPO, ["--data.episode_timeout", "0"], "data.episode_timeout"),
+    "steps-0": (RTPO, ["--data.steps", "0"], "data.steps"),
+    "checkpoint-every-negative": (RTPO, ["--checkpoint.every_n_steps", "-1"], "checkpoint.every_n_steps"),
+    "tracking-every-negative": (RTPO, ["--tracking.every_n_steps", "-1"], "tracking.every_n_steps"),
+    "env-low-above-high": (RTPO, ["--data.agent.init_args.env.init_args.low", "9",
+                                  "--data.agent.init_args.env.init_args.high", "3"], "env.high"),
+    "url-without-scheme": (RTPO, [*VLLM, "--model.engine.init_args.base_urls", "[127.0.0.1:8000]"],
+                           "engine.base_urls"),
+    "batch-not-whole-groups": (GRPO, ["--data.batch_size", "5"], "data.batch_size"),
+    "max-failed-fraction-1.5": (RTPO, ["--data.max_failed_fraction", "1.5"], "data.max_failed_fraction"),
+    "typo-model-name": (RTPO, ["--model.policy.init_args.model", "HuggingFaceTB/SmolLM2-135M-Instruc"],
+                        "model 'HuggingFaceTB/SmolLM2-135M-Instruc'"),
+    "lora-rank-0": (RTPO, ["--model.policy.init_args.lora", "{r: 0}"], "lora.r"),
+    "micro-batch-tokens-0": (RTPO, ["--model.micro_batch_tokens", "0"], "micro_batch_tokens"),
+    "kl-without-lora": (RTPO, ["--model.algorithm.init_args.ppo.kl_coef", "0.1"], "kl_coef"),
+    "max-tokens-0": (RTPO, ["--data.sampling.max_tokens", "0"], "sampling.max_tokens"),
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    base = tmp_path_factory.mktemp("faults")
+    cases = {}
+    for name, (config, args, _) in CASES.items():
+        cwd = base / name
+        cwd.mkdir()
+        cases[name] = {"cwd": str(cwd), "args": ["--config", config, *args]}
+    (base / "cases.json").write_text(json.dumps(cases))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("fit_probe.py")), str(base / "cases.json"),
+                           str(base / "out.json")], capture_output=True, text=True, timeout=1200, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out: dict[str, dict[str, Any]] = json.loads((base / "out.json").read_text())
+    for name, record in out.items():
+        record["cwd"] = cases[name]["cwd"]
+    return out
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_config_mistake_stops_before_any_work_naming_the_key(results: dict[str, dict[str, Any]], name: str) -> None:
+    record = results[name]
+    output = record["stderr"] + record["stdout"]
+    assert record["code"] not in (0, None, "exception"), output[-2000:]
+    assert CASES[name][2] in output, output[-2000:]
+    assert "Does not validate against any of the Union subtypes" not in output
+    assert "Traceback" not in output
+    assert record["model_loads"] == [], f"a model load started: {record['model_loads']}"
+    cwd = Path(record["cwd"])
+    left = sorted(p.name for p in cwd.iterdir())
+    assert left == [], f"the failed run left {left} behind (MLflow store or checkpoints)"

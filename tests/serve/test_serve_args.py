@@ -1,0 +1,43 @@
+"""`agentrl serve` takes the model as `vllm serve` does (positional) or as ``--model``, and defaults to the model
+`agentrl fit` defaults to."""
+
+from __future__ import annotations
+
+import inspect
+
+import httpx
+import pytest
+
+from agentrl.models.loading import SMOLLM2
+from agentrl.models.policy import Policy
+from agentrl.serve.server import parse_args
+from tests.support.server import start_server
+
+
+def test_no_model_defaults_to_the_model_of_agentrl_fit() -> None:
+    fit_default = inspect.signature(Policy.__init__).parameters["model"].default
+    assert parse_args([]).model == SMOLLM2 == fit_default
+    assert parse_args(["--port", "9"]).model == SMOLLM2
+
+
+@pytest.mark.parametrize("argv,model", [(["tiny-random"], "tiny-random"), (["--model", "tiny-random"], "tiny-random"),
+                                         (["tiny-random", "--model", "tiny-random", "--port", "9"], "tiny-random")])
+def test_the_model_is_positional_or_an_option(argv: list[str], model: str) -> None:
+    assert parse_args(argv).model == model
+
+
+def test_two_different_models_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["tiny-random", "--model", "smollm2-135m-instruct"])
+    assert exc.value.code == 2
+    assert "given twice" in capsys.readouterr().err
+
+
+def test_a_server_started_with_a_positional_model_serves_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    server = start_server(tmp_path, model="tiny-random", positional=True)
+    try:
+        models = httpx.get(f"{server.url}/v1/models", timeout=10).json()
+        assert models["data"][0]["id"] == "tiny-random"
+        assert "--model" not in " ".join(server.proc.args)  # type: ignore[arg-type]
+    finally:
+        server.stop()
