@@ -24,8 +24,8 @@ import lightning.pytorch as pl
 import torch
 
 from agentrl.training.batching import keys_of
-from agentrl.training.schedules import GRPO, TokenPPO, TurnPPO
 from agentrl.training.rtpo import RTPO
+from agentrl.training.schedules import GRPO, TokenPPO, TurnPPO
 from agentrl.training.settings import PPOSettings
 from agentrl.types import Trajectory, Turn
 from tests.training.helpers import guess_data, letter_data, make_module
@@ -123,7 +123,7 @@ def main() -> None:
     ap.add_argument("--rollouts", action="store_true")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    rank, world = int(os.environ.get("LOCAL_RANK", 0)), args.devices
+    rank, world = int(os.environ.get("LOCAL_RANK", "0")), args.devices
     kw: dict[str, Any] = {"ppo": PPOSettings(epochs=2)}
     if args.schedule in ("grpo", "rtpo"):
         kw["group_size"] = 3

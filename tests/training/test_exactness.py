@@ -1,0 +1,68 @@
+"""Exact at scale: a two-rank update (gloo, CPU, tiny model) equals one process's update over the same turns.
+
+`tests/training/exactness_run.py` runs one step of a schedule on fixed trajectories — rank 0 holds one group (RTPO:
+one trunk of one turn, so it has no siblings at depths 2 and 1), rank 1 the other three — and saves every
+optimizer step's summed gradient and the parameters after the step; one process over all four groups must give
+the same. Before the fix (ranks divided by their own unit counts, then averaged) these differed at the first
+gradient already.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", AGENTRL_VERBOSE="1")
+    proc = subprocess.run([sys.executable, "-m", "tests.training.exactness_run", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc
+
+
+def _step(tmp_path: Path, schedule: str, devices: int, strategy: str = "ddp") -> dict[str, object]:
+    out = tmp_path / f"{schedule}-{devices}-{strategy}.pt"
+    _run(tmp_path, "--schedule", schedule, "--devices", str(devices), "--strategy", strategy, "--out", str(out))
+    return torch.load(out, weights_only=True)  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["grpo", "turn_ppo", "token_ppo", "rtpo"])
+def test_two_ranks_make_the_one_process_update(tmp_path: Path, schedule: str) -> None:
+    one, two = _step(tmp_path, schedule, 1), _step(tmp_path, schedule, 2)
+    steps = {"grpo": 2, "turn_ppo": 2, "token_ppo": 2, "rtpo": 6}[schedule]  # 2 epochs (× 3 depths for RTPO)
+    assert len(one["grads"]) == len(two["grads"]) == steps  # type: ignore[arg-type]
+    for g1, g2 in zip(one["grads"], two["grads"], strict=True):  # type: ignore[call-overload]
+        assert g1.keys() == g2.keys()
+        assert max(g.abs().max().item() for g in g1.values()) > 1e-3  # a real gradient, not zeros on both sides
+        for name in g1:
+            assert (g1[name] - g2[name]).abs().max().item() <= 1e-6, name
+    p1, p2 = one["params"], two["params"]
+    assert max((p1[n] - p2[n]).abs().max().item() for n in p1) <= 1e-6  # type: ignore[index]
+    # the step's logged metrics describe both ranks' trajectories
+    assert one["metrics"]["rollout/reward"] == pytest.approx(two["metrics"]["rollout/reward"])  # type: ignore[index]
+    assert one["metrics"]["train/policy_loss"] == pytest.approx(two["metrics"]["train/policy_loss"],  # type: ignore[index]
+                                                                rel=1e-4, abs=1e-8)
+
+
+@pytest.mark.slow
+def test_logged_reward_of_a_two_rank_step_is_the_mean_over_both_ranks(tmp_path: Path) -> None:
+    """Real rollouts on two ranks: the logged ``rollout/reward`` is the mean over both ranks' episodes."""
+    out = tmp_path / "rollouts"
+    _run(tmp_path, "--schedule", "grpo", "--devices", "2", "--rollouts", "--out", str(out))
+    ranks = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in (0, 1)]
+    rewards = ranks[0]["rewards"] + ranks[1]["rewards"]
+    assert ranks[0]["rewards"] and ranks[1]["rewards"]
+    logged = ranks[0]["metrics"]["rollout/reward"]
+    assert logged == pytest.approx(sum(rewards) / len(rewards), abs=1e-6)
+    assert ranks[1]["metrics"]["rollout/reward"] == logged  # every rank logs the same global value
+    assert ranks[0]["metrics"]["rollout/episodes"] == len(rewards)

@@ -1,0 +1,115 @@
+"""Rules of the update: no optimizer step without signal, each schedule's aggregation default, GRPO's trajectory
+weighting, and scoring without dropout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from agentrl.algorithms.losses import token_mean, turn_mean
+from agentrl.models.loading import build_tiny_model, build_tiny_tokenizer
+from agentrl.models.policy import Policy
+from agentrl.training.rtpo import RTPO
+from agentrl.training.schedules import GRPO, TokenPPO, TurnPPO
+from agentrl.training.settings import PPOSettings
+from agentrl.types import Trajectory
+from tests.training.exactness_run import _trajectory, fixed_schedule
+from tests.training.helpers import fit, letter_data, make_module
+
+
+def _tied_groups() -> list[Trajectory]:
+    """Two groups of two whose members have equal returns: every GRPO advantage is zero."""
+    trajs = []
+    for g in range(2):
+        for j in range(2):
+            t = _trajectory(("tied", g, j), 1 + j, g)
+            for turn in t.turns:
+                turn.reward = 0.0
+            t.turns[-1].reward = 0.5 * g
+            trajs.append(t)
+    return trajs
+
+
+def test_an_all_tied_minibatch_takes_no_optimizer_step() -> None:
+    trajs = _tied_groups()
+    module = make_module(fixed_schedule(GRPO, [trajs], group_size=2, ppo=PPOSettings(epochs=2)))
+    for t in trajs:  # behaviour log-probs of the initial policy (else the clip would hide any movement)
+        lp = module.logprobs([t], [(0, turn.index) for turn in t.turns])
+        for turn in t.turns:
+            turn.logprobs = lp[(0, turn.index)]
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    trainer = fit(module, letter_data(batch_size=2, steps=1))
+    after = dict(module.named_parameters())
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    optimizer = trainer.optimizers[0]
+    assert all("step" not in optimizer.state[p] for group in optimizer.param_groups for p in group["params"])
+    assert module.last_metrics["train/skipped_updates"] == 2.0  # one per epoch
+    assert module.last_metrics["train/zero_advantage_frac"] == 1.0
+
+
+def test_a_minibatch_with_signal_does_step() -> None:
+    """The control: the same setup with one group untied moves the weights."""
+    trajs = _tied_groups()
+    trajs[1].turns[-1].reward = 1.0
+    module = make_module(fixed_schedule(GRPO, [trajs], group_size=2, ppo=PPOSettings(epochs=1)))
+    for t in trajs:
+        lp = module.logprobs([t], [(0, turn.index) for turn in t.turns])
+        for turn in t.turns:
+            turn.logprobs = lp[(0, turn.index)]
+    before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
+    fit(module, letter_data(batch_size=2, steps=1))
+    assert any(not torch.equal(before[n], p) for n, p in module.policy.named_parameters())
+    assert module.last_metrics["train/skipped_updates"] == 0.0
+
+
+def test_each_schedule_owns_its_aggregation_default_and_an_explicit_one_wins() -> None:
+    assert TokenPPO(ppo=PPOSettings(epochs=2)).ppo.aggregate is token_mean
+    assert TokenPPO().ppo.aggregate is token_mean
+    assert TurnPPO(ppo=PPOSettings(epochs=2)).ppo.aggregate is turn_mean
+    assert RTPO(ppo=PPOSettings(clip_low=0.1)).ppo.aggregate is turn_mean
+    assert GRPO(ppo=PPOSettings(epochs=3)).ppo.aggregate is turn_mean
+    assert TokenPPO(ppo=PPOSettings(aggregate=turn_mean)).ppo.aggregate is turn_mean
+    assert GRPO(ppo=PPOSettings(aggregate=token_mean)).ppo.aggregate is token_mean
+
+
+def test_grpo_weighs_trajectories_equally_by_default() -> None:
+    """A 4-turn failure and a 1-turn success of one group: each trajectory's turns add up to one unit, so the
+    failure no longer outweighs the success four to one; the flat option keeps one unit per turn."""
+    fail, win = _trajectory(("w", 0), 4, 0), _trajectory(("w", 1), 1, 0)
+    fail.turns[-1].reward, win.turns[-1].reward = -1.0, 1.0
+    for schedule, expected in ((GRPO(group_size=2), [1.0, 1.0]),
+                               (GRPO(group_size=2, trajectory_weighting=False), [4.0, 1.0])):
+        targets, _ = schedule.targets(None, [fail, win])  # type: ignore[arg-type]
+        units = [sum(tgt.unit for (b, _), tgt in targets.items() if b == i) for i in (0, 1)]
+        assert units == expected
+        assert targets[(0, 0)].advantage < 0 < targets[(1, 0)].advantage
+    tokens = GRPO(group_size=2, ppo=PPOSettings(aggregate=token_mean))
+    targets, _ = tokens.targets(None, [fail, win])  # type: ignore[arg-type]
+    per_traj = [sum(tgt.unit * len(t.response_ids) for (b, n), tgt in targets.items() if b == i
+                    for t in [[fail, win][i].turns[n]]) for i in (0, 1)]
+    assert per_traj == [1.0, 1.0]
+
+
+def test_scoring_ignores_dropout_in_training_mode(tmp_path: Path) -> None:
+    """A model with dropout (as GPT-2 and OPT ship) scores the same ids the same way in Lightning's training mode:
+    PPO's first ratio is exactly 1."""
+    model = build_tiny_model()
+    model.config.attention_dropout = 0.5
+    model.save_pretrained(tmp_path / "m")
+    build_tiny_tokenizer().save_pretrained(tmp_path / "m")
+    policy = Policy(str(tmp_path / "m"))
+    assert policy.model.config.attention_dropout == 0.5
+    module = make_module(TurnPPO())
+    module.policy = policy
+    module.train()
+    assert module.training and not policy.training
+    ids = torch.randint(3, 300, (1, 24))
+    mask = torch.zeros(1, 24, dtype=torch.bool)
+    mask[0, 12:] = True
+    a = policy.token_logprobs(ids, torch.ones_like(ids), mask).logprobs
+    b = policy.token_logprobs(ids, torch.ones_like(ids), mask).logprobs
+    assert torch.equal(a, b)
+    policy.train()  # the control: with dropout on, the same ids score differently
+    c = policy.token_logprobs(ids, torch.ones_like(ids), mask).logprobs
+    assert not torch.equal(a, c)
