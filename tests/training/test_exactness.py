@@ -39,7 +39,8 @@ def _step(tmp_path: Path, schedule: str, devices: int, strategy: str = "ddp") ->
 @pytest.mark.parametrize("schedule", ["grpo", "turn_ppo", "token_ppo", "rtpo"])
 def test_two_ranks_make_the_one_process_update(tmp_path: Path, schedule: str) -> None:
     one, two = _step(tmp_path, schedule, 1), _step(tmp_path, schedule, 2)
-    steps = {"grpo": 2, "turn_ppo": 2, "token_ppo": 2, "rtpo": 6}[schedule]  # 2 epochs (× 3 depths for RTPO)
+    # 2 epochs; × 2 optimizers (policy, critic) for the PPO schedules; × 3 depths for RTPO
+    steps = {"grpo": 2, "turn_ppo": 4, "token_ppo": 4, "rtpo": 6}[schedule]
     assert len(one["grads"]) == len(two["grads"]) == steps  # type: ignore[arg-type]
     for g1, g2 in zip(one["grads"], two["grads"], strict=True):  # type: ignore[call-overload]
         assert g1.keys() == g2.keys()

@@ -114,9 +114,10 @@ class RTPO(Schedule):
         if depth == 0:
             learner.push_weights()
         for name in ("train/policy_loss", "train/approx_kl", "train/clipfrac", "train/entropy", "train/grad_norm"):
-            values = [s[name] for s in per_depth if name in s]
-            if values:
-                metrics[name] = sum(values) / len(values)
+            # mean over the depths, a depth without this rank's turns counting 0: these are shares of the global
+            # update (summed over ranks when logged), so a rank's missing depth must not change the divisor
+            if any(name in s for s in per_depth):
+                metrics[name] = sum(s.get(name, 0.0) for s in per_depth) / len(per_depth)
         metrics["rtpo/depths"] = float(depth)
         return metrics
 
