@@ -151,7 +151,7 @@ class TrajectoryLogger(pl.Callback):
 
     @staticmethod
     def _final_model(logger: MLFlowLogger, pl_module: pl.LightningModule) -> None:
-        policy = getattr(pl_module, "policy", None)
+        policy = getattr(pl_module, "whole_policy", None)  # sharded training: the gathered copy
         if policy is None:
             return
         with tempfile.TemporaryDirectory() as tmp:

@@ -107,9 +107,25 @@ class GradLog(pl.Callback):
         self.grads: list[dict[str, torch.Tensor]] = []
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: Any, optimizer: Any) -> None:
-        grads = {n: p.grad.detach().clone() for n, p in pl_module.named_parameters() if p.grad is not None}
+        grads = {n: _full(p.grad).clone() for n, p in pl_module.named_parameters() if p.grad is not None}
         if grads:
             self.grads.append(grads)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A sharded (DTensor) tensor gathered whole; a plain tensor as it is."""
+    full = getattr(t, "full_tensor", None)
+    return full() if callable(full) else t
+
+
+def _strategy(name: str, devices: int) -> Any:
+    if devices == 1:
+        return "auto"
+    if name == "fsdp":  # FSDP2 through Lightning's ModelParallelStrategy (Lightning's `fsdp` refuses CPUs)
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        return ModelParallelStrategy(data_parallel_size=devices, tensor_parallel_size=1)
+    return name
 
 
 SCHEDULES = {"grpo": GRPO, "turn_ppo": TurnPPO, "token_ppo": TokenPPO, "rtpo": RTPO}
@@ -146,7 +162,7 @@ def main() -> None:
         for batch in batches:
             _score_logprobs(module, batch)
     grads = GradLog()
-    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=args.strategy if world > 1 else "auto",
+    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=_strategy(args.strategy, world),
                          max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[grads])
     trainer.fit(module, datamodule=data)
@@ -154,8 +170,9 @@ def main() -> None:
         rewards = [t.total_reward for t in module.last_trajectories if not t.failed]
         Path(f"{args.out}.rank{rank}.json").write_text(json.dumps({"rewards": rewards, "metrics": module.last_metrics}))
         return
+    params = {n: _full(p.detach()) for n, p in module.named_parameters() if p.requires_grad}  # collective
     if rank == 0:
-        params = {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
+        params = {n: p.detach().clone() for n, p in params.items()}
         torch.save({"grads": grads.grads, "params": params, "metrics": module.last_metrics}, args.out)
 
 

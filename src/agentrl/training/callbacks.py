@@ -95,7 +95,8 @@ class GracefulStop(Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if self.requested is None:
+        # the signal may reach one rank only (the launcher's): every rank stops at the same step, or none does
+        if not trainer.strategy.reduce_boolean_decision(self.requested is not None, all=False):
             return
         step = int(getattr(pl_module, "rl_step", batch_idx + 1))
         for cb in trainer.callbacks:  # type: ignore[attr-defined]
@@ -108,3 +109,12 @@ class GracefulStop(Callback):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+
+
+class DetachOnException(Callback):
+    """Shut the rollout engine and loop down when fit fails (Lightning tells callbacks, not the module)."""
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        detach = getattr(pl_module, "detach", None)
+        if callable(detach):
+            detach()

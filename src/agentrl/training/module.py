@@ -32,7 +32,7 @@ from agentrl.engines.specs import EngineSpec, HFEngineSpec
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
 from agentrl.seeding import derive_seed
-from agentrl.training import distributed
+from agentrl.training import distributed, sharding
 from agentrl.training.batching import (
     Row,
     TurnKey,
@@ -44,6 +44,7 @@ from agentrl.training.batching import (
     score_turns,
     token_counts,
 )
+from agentrl.training.callbacks import DetachOnException
 from agentrl.training.metrics import reduce_across_ranks
 from agentrl.training.objective import (
     aggregation_divisor,
@@ -55,6 +56,7 @@ from agentrl.training.objective import (
 )
 from agentrl.training.perf import measure_peak_flops, step_perf_metrics, train_flops
 from agentrl.training.settings import CriticSettings, OptimSettings, PPOSettings
+from agentrl.training.sharding import ShardedTraining
 from agentrl.types import Trajectory, TurnBatch
 
 if TYPE_CHECKING:
@@ -70,7 +72,7 @@ class NonFiniteUpdateError(RuntimeError):
     """Too many consecutive updates had a non-finite loss or gradient."""
 
 
-class AgentRLModule(pl.LightningModule):
+class AgentRLModule(ShardedTraining, pl.LightningModule):
     """Policy + turn critic + schedule.
 
     Args:
@@ -123,6 +125,7 @@ class AgentRLModule(pl.LightningModule):
         self._step_stats: dict[str, float] = defaultdict(float)
         self.last_trajectories: list[Trajectory] = []
         self.last_metrics: dict[str, float] = {}
+        self._full_policy: list[Policy] = []
         self.last_eval: dict[str, float] = {}
 
     @staticmethod
@@ -181,10 +184,11 @@ class AgentRLModule(pl.LightningModule):
         """Start the rollout loop and the engine, connect the collector, and push the current weights."""
         self.detach()
         self._runtime = RolloutRuntime()
-        self._engine = self.engine_spec.build(self.policy)
+        serving = self._serve_policy()
+        self._engine = self.engine_spec.build(serving)
         self._collector = make_collector(self._engine, self.policy.tokenizer)
         self.temperature = self._collector.sampling.temperature or 1.0
-        self.run_async(self._engine.update_weights(self.policy, version=self.policy_version))
+        self.run_async(self._engine.update_weights(serving, version=self.policy_version))
 
     def evaluate(self, label: str) -> dict[str, float]:
         """Episodes on held-out tasks (``data.eval_episodes``) with the current weights; logs ``eval/*``."""
@@ -210,7 +214,7 @@ class AgentRLModule(pl.LightningModule):
 
     def configure_callbacks(self) -> list[pl.Callback]:
         # Lightning tells callbacks, not the module, about exceptions: stop the engine and loop through one
-        return [_DetachOnException()]
+        return [DetachOnException()]
 
     def detach(self) -> None:
         if self._runtime is not None:
@@ -227,6 +231,8 @@ class AgentRLModule(pl.LightningModule):
         state = checkpoint.get("agentrl", {})
         self.rl_step = int(state.get("rl_step", 0))
         self.policy_version = int(state.get("policy_version", 0))
+        if self._engine is not None:  # restored after the engine started (sharded checkpoints): serve these weights
+            self.run_async(self._engine.update_weights(self._serve_policy(), version=self.policy_version))
 
     # ------------------------------------------------------------------ rollouts (used by schedules)
 
@@ -270,7 +276,7 @@ class AgentRLModule(pl.LightningModule):
     def push_weights(self) -> None:
         """Serve the updated weights: every later rollout uses them."""
         self.policy_version += 1
-        self.run_async(self.engine.update_weights(self.policy, version=self.policy_version))
+        self.run_async(self.engine.update_weights(self._serve_policy(), version=self.policy_version))
 
     # ------------------------------------------------------------------ scoring (used by schedules)
 
@@ -293,7 +299,11 @@ class AgentRLModule(pl.LightningModule):
     def _score(self, trajectories: Sequence[Trajectory], keys: Iterable[TurnKey],
                fn: Callable[[TurnBatch], Tensor]) -> dict[TurnKey, Tensor]:
         rows = pack_rows(trajectories, context_targets(keys), pack=self.pack_turns)
-        return score_turns(rows, self.micro_batch_tokens, self._pad_id, self.device, fn)
+        out = score_turns(rows, self.micro_batch_tokens, self._pad_id, self.device, fn)
+        if self._sharded:  # forwards are collectives: as many as the rank with the most micro-batches
+            for micro in self._micro_batches(rows)[len(micro_batches(rows, self.micro_batch_tokens)):]:
+                fn(collate(micro, self._pad_id).to(self.device))
+        return out
 
     def sync_max(self, value: int) -> int:
         return distributed.sync_max(value, self.device)
@@ -354,12 +364,12 @@ class AgentRLModule(pl.LightningModule):
         for opt in opts:
             opt.zero_grad(set_to_none=True)
         stats: dict[str, float] = defaultdict(float)
-        for micro in micro_batches(rows, self.micro_batch_tokens):
+        for micro in self._micro_batches(rows):
             batch = collate(micro, self._pad_id).to(self.device)
             share = aggregation_divisor(micro, ppo) / max(units, 1e-12)
             loss, micro_stats = ppo_objective(self.policy, self.critic, batch, ppo, temperature=self.temperature,
                                               vf_coef=self.critic_settings.vf_coef, share=share,
-                                              value_units=v_units)
+                                              value_units=v_units, lockstep=self._sharded)
             self.manual_backward(loss)
             for k, v in micro_stats.items():
                 stats[k] += v * share
@@ -372,7 +382,10 @@ class AgentRLModule(pl.LightningModule):
         o = self.optim
         params = self.policy.trainable_parameters()
         critic_params = self.critic.trainable_parameters() if self.critic is not None else []
-        distributed.sum_gradients(params + critic_params)  # one all-reduce for both
+        if self._sharded:
+            sharding.sum_gradients(params + critic_params)  # FSDP shards: reduce-scattered (averaged) already
+        else:
+            distributed.sum_gradients(params + critic_params)  # one all-reduce for both
         norm = clip_gradients(params, o.max_grad_norm)
         stats["train/grad_norm"] = norm
         finite = math.isfinite(norm) and all(math.isfinite(v) for v in stats.values())
@@ -410,7 +423,8 @@ class AgentRLModule(pl.LightningModule):
         block_sync = getattr(self.trainer.strategy, "block_backward_sync", contextlib.nullcontext)
         with block_sync():
             metrics = self.algorithm.step(self, list(tasks))
-        distributed.check_in_sync(self.policy.trainable_parameters(), self.device)
+        if not self._sharded:  # sharded ranks hold different shards by design
+            distributed.check_in_sync(self.policy.trainable_parameters(), self.device)
         self.rl_step += 1
         metrics.update(step_perf_metrics(self._step_stats, time.perf_counter() - start, self.policy_version,
                                          mfu=self._mfu))
@@ -432,12 +446,3 @@ class AgentRLModule(pl.LightningModule):
             return None
         flops = train_flops(self.policy, self.critic, s["train_tokens"], s["scored_tokens"])
         return flops / train_seconds / self.peak_flops
-
-
-class _DetachOnException(pl.Callback):
-    """Shut the rollout engine and loop down when fit fails."""
-
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        detach = getattr(pl_module, "detach", None)
-        if callable(detach):
-            detach()

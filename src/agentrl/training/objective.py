@@ -28,13 +28,15 @@ from agentrl.types import TurnBatch
 
 def ppo_objective(
     policy: Policy, critic: TurnCritic | None, batch: TurnBatch, ppo: PPOSettings, *, temperature: float,
-    vf_coef: float, share: float, value_units: int,
+    vf_coef: float, share: float, value_units: float, lockstep: bool = False,
 ) -> tuple[Tensor, dict[str, float]]:
     """Loss of ``batch`` (to backpropagate) and its statistics (``train/*``, unscaled).
 
     Args:
         share: This micro-batch's units (turns or tokens, per ``ppo.aggregate``) over the minibatch's.
         value_units: Value targets in the whole minibatch (the value loss is a mean over them).
+        lockstep: Run the critic even without value targets here (sharded weights: every rank runs the same
+            forwards and backwards, see `agentrl.training.sharding`).
     """
     hidden = policy.hidden_states(batch.input_ids, batch.attention_mask)
     lp = policy.logprobs_from_hidden(hidden, batch.input_ids, batch.response_mask, temperature=temperature,
@@ -56,26 +58,46 @@ def ppo_objective(
         kl = ppo.aggregator(kl_k3(lp.logprobs, ref), batch.response_mask, batch.turn_ids)
         loss = loss + ppo.kl_coef * kl * share
         stats["train/kl_ref"] = kl.item()
-    if critic is not None and bool(batch.value_mask.any()):
+    if critic is not None and (lockstep or bool(batch.value_mask.any())):
         critic_hidden = hidden if critic.backbone is None else critic.hidden_states(batch.input_ids,
                                                                                     batch.attention_mask)
         values = critic.values_from_hidden(critic_hidden)
         vl = clipped_value_loss(values, batch.old_values, batch.returns, batch.value_mask, clip=ppo.value_clip)
         v_share = float(batch.value_mask.sum()) / max(value_units, 1)
         loss = loss + vf_coef * vl.loss * v_share
-        stats["train/value_loss"] = vl.loss.item() * v_share / share
-        stats["train/value_clipfrac"] = float(vl.clipfrac) * v_share / share
+        if v_share > 0:
+            stats["train/value_loss"] = vl.loss.item() * v_share / share
+            stats["train/value_clipfrac"] = float(vl.clipfrac) * v_share / share
     return loss, stats
 
 
 def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
-    """Clip the gradients of ``params`` to ``max_norm`` (0: no clipping); returns the norm before clipping."""
-    grads = [p for p in params if p.grad is not None]
+    """Clip the gradients of ``params`` to ``max_norm`` (0: no clipping); returns the norm before clipping.
+    Sharded (DTensor) gradients count with their full norm."""
+    grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return 0.0
+    if any(hasattr(g, "full_tensor") for g in grads):
+        return _clip_mixed(grads, max_norm)
     if max_norm > 0:
-        return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in grads])))
+        return float(torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm))
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+
+
+def _clip_mixed(grads: list[Tensor], max_norm: float) -> float:
+    """`clip_grad_norm_` for a mix of sharded and replicated gradients (same rule: scale by
+    ``min(1, max_norm / (norm + 1e-6))``)."""
+    squares = []
+    for g in grads:
+        n = torch.linalg.vector_norm(g)
+        full = getattr(n, "full_tensor", None)
+        squares.append((full() if callable(full) else n).double() ** 2)
+    norm = float(torch.stack(squares).sum().sqrt())
+    if max_norm > 0:
+        coef = min(1.0, max_norm / (norm + 1e-6))
+        for g in grads:
+            g.mul_(coef)
+    return norm
 
 
 def minibatch_units(rows: Sequence[Row], ppo: PPOSettings) -> float:

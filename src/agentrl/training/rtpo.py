@@ -126,12 +126,13 @@ class RTPO(Schedule):
         """Sibling advantages and the PPO update of depth k: (per-depth statistics, ``train/*`` metrics)."""
         ok = [s for s in siblings if not s.failed and s.num_turns > k]
         stats: dict[str, float] = {"siblings": float(len(ok))}
+        # scoring is collective under sharded weights: every rank scores, with or without siblings
+        weights = self._is_weights(learner, ok, k, self.is_clamp) if self.off_policy_continuation else [1.0] * len(ok)
         if not ok:  # still take part in the update: other ranks may have siblings at this depth
             return stats, learner.update([], {}, self.ppo, tag=f"k{k}")
         rewards = torch.tensor([s.total_reward for s in ok], dtype=torch.float64)
         groups = torch.tensor([s.group for s in ok])
         adv = sibling_advantages(rewards, groups)
-        weights = self._is_weights(learner, ok, k, self.is_clamp) if self.off_policy_continuation else [1.0] * len(ok)
         targets = {(b, k): TurnTargets(float(adv[b]), weight=weights[b]) for b in range(len(ok))}
         stats["reward"] = float(rewards.mean())
         stats["zero_advantage_frac"] = float((adv.abs() < 1e-12).double().mean())

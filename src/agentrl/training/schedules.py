@@ -183,7 +183,8 @@ class TurnPPO(GroupSchedule):
 
     def targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
         """Advantages and returns from the critic's values *before* any update of this step."""
-        if not ok:
+        if not ok:  # still take part in what is collective: scoring (sharded weights) and whitening
+            learner.values([], [])
             _whiten(learner, torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.bool), self.whiten_advantages)
             return {}, {}
         values = learner.values(ok, keys_of(ok))
@@ -225,7 +226,8 @@ class TokenPPO(GroupSchedule):
         return token_mean
 
     def targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
-        if not ok:
+        if not ok:  # still take part in what is collective: scoring (sharded weights) and whitening
+            learner.values([], [])
             _whiten(learner, torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.bool), self.whiten_advantages)
             return {}, {}
         values = learner.values(ok, keys_of(ok))
