@@ -47,7 +47,7 @@ def turn_inputs(traj: Trajectory) -> list[list[Message]]:
     """
     out: list[list[Message]] = []
     history: list[Message] = []
-    first = (traj.turns[0].messages or [None])[0] if traj.turns else None
+    first = traj.turns[0].messages[0] if traj.turns and traj.turns[0].messages else None
     for turn in traj.turns:
         new = list(turn.messages or [])
         if history and new and first is not None and _same(new[0], first):
@@ -114,7 +114,7 @@ def log_episode(client: Any, traj: Trajectory, *, experiment_id: str, run_id: st
             },
         )
         if turn.tools:
-            set_span_chat_tools(span, turn.tools)
+            set_span_chat_tools(span, turn.tools)  # type: ignore[arg-type]  # dicts are accepted and validated
         results = _tool_results(traj.turns[k + 1] if k + 1 < len(traj.turns) else None)
         for i, call in enumerate(turn.tool_calls or []):
             tool = client.start_span(str(call.get("name")), trace_id=trace_id, parent_id=span.span_id,

@@ -197,7 +197,7 @@ class TrajectoryLogger(pl.Callback):
     def _final_model(self, client: Any, run_id: str, pl_module: pl.LightningModule) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "final_model"
-            pl_module.policy.save(out, tokenizer=True)  # type: ignore[operator]
+            pl_module.policy.save(out, tokenizer=True)  # type: ignore[union-attr,operator]
             client.log_artifacts(run_id, str(out), artifact_path="final_model")
         if self.register_model:
             from mlflow.exceptions import MlflowException

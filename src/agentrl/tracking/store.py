@@ -128,7 +128,7 @@ class MLflowLogger(MLFlowLogger):
         self.disabled = True
         return Path(tempfile.mkdtemp(prefix="agentrl-mlflow-off-")).as_uri()
 
-    @property  # type: ignore[misc]
+    @property
     @rank_zero_experiment
     def experiment(self) -> Any:
         if not self._initialized and not self.disabled:
@@ -208,6 +208,13 @@ class MLflowLogger(MLFlowLogger):
     def ui_command(self) -> str:
         """The command that shows this run: ``mlflow ui --backend-store-uri <store>``."""
         return f"mlflow ui --backend-store-uri {self.tracking_uri}"
+
+    def summary(self) -> str:
+        """One line for the console: run id, experiment, store, and the command that shows the run."""
+        if self.disabled:
+            return "MLflow: tracking is off for this run (the store and the fallback failed)"
+        return (f"MLflow run {self.run_id} in experiment '{self._experiment_name}' ({self.tracking_uri}); "
+                f"view it with: {self.ui_command()}")
 
     @rank_zero_only
     def log_hyperparams(self, params: Any) -> None:
