@@ -4,7 +4,8 @@
   run, so one training run is one MLflow run with the whole metric history, FINISHED at the end;
 * item 10: a tracking store that is unusable at the start (an unreachable HTTP server, a sqlite path that cannot be
   opened) or that disappears mid-run (a real ``mlflow server`` killed after step 1) costs a warning, not the run:
-  training finishes, the metrics land in the local fallback store, and no traceback floods the output.
+  training finishes, the metrics land in the local fallback store, and no traceback floods the output; when the
+  fallback fails too, tracking is off and training still finishes.
 
 The subprocess timeouts bound each run; before the fix the first case ran ~250 s and the others crashed.
 """
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.support.mlflow_server import free_port, start_mlflow_server
 
@@ -48,7 +50,7 @@ def _fit_until(cwd: Path, marker: str | None, args: list[str], on_marker: object
     if marker is not None:
         for line in proc.stdout:
             lines.append(line)
-            if marker in line:
+            if line.startswith(marker):  # the progress line of that step
                 on_marker(proc)  # type: ignore[operator]
                 break
     try:
@@ -63,7 +65,7 @@ def _fit_until(cwd: Path, marker: str | None, args: list[str], on_marker: object
 @pytest.mark.slow
 def test_sigterm_stop_and_resume_are_one_mlflow_run(tmp_path: Path) -> None:
     steps = ["--data.steps", "4"]
-    rc, out = _fit_until(tmp_path, "step 2:", steps, lambda p: p.send_signal(signal.SIGTERM), timeout=180)
+    rc, out = _fit_until(tmp_path, "step 2/", steps, lambda p: p.send_signal(signal.SIGTERM), timeout=180)
     assert rc == 0, out[-3000:]
     db = tmp_path / "mlflow.db"
     ((run_id, status),) = _runs(db)
@@ -104,10 +106,24 @@ def test_a_store_unusable_at_the_start_falls_back_locally(tmp_path: Path, store:
 
 
 @pytest.mark.slow
+def test_when_the_fallback_fails_too_tracking_is_off_and_training_finishes(tmp_path: Path) -> None:
+    (tmp_path / "fallback.db").mkdir()  # the fallback cannot be opened either
+    rc, out = _fit_until(tmp_path, None, ["--trainer.logger.init_args.tracking_uri", f"http://127.0.0.1:{free_port()}",
+                                          "--trainer.logger.init_args.fallback_uri",
+                                          f"sqlite:///{tmp_path / 'fallback.db'}"], None, timeout=200)
+    assert rc == 0, out[-3000:]
+    assert "tracking is off for this run; training continues" in out, out[-3000:]
+    assert "Traceback" not in out, out[-5000:]
+    assert "MLflow run unavailable" in out  # the console says so instead of naming a run
+    state = torch.load(tmp_path / "checkpoints/smoke/last.ckpt", weights_only=True, map_location="cpu")
+    assert state["agentrl"]["rl_step"] == 3 and "mlflow" not in state
+
+
+@pytest.mark.slow
 def test_a_store_that_dies_mid_run_falls_back_locally(tmp_path: Path) -> None:
     server = start_mlflow_server(f"sqlite:///{tmp_path / 'server.db'}", tmp_path)
     try:
-        rc, out = _fit_until(tmp_path, "step 1:", ["--trainer.logger.init_args.tracking_uri", server.url],
+        rc, out = _fit_until(tmp_path, "step 1/", ["--trainer.logger.init_args.tracking_uri", server.url],
                              lambda _p: server.stop(), timeout=200)
     finally:
         server.stop()

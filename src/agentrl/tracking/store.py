@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -126,7 +125,7 @@ class MLflowLogger(MLFlowLogger):
                 continue
             return candidate
         self.disabled = True
-        return Path(tempfile.mkdtemp(prefix="agentrl-mlflow-off-")).as_uri()
+        return "sqlite:///:memory:"  # a store in memory that nothing is written to
 
     @property
     @rank_zero_experiment
