@@ -148,7 +148,7 @@ def main() -> None:
             browser = Browser(chromium_binary, (1600, 1000))
             try:
                 crop = (0, 0, 1236, 1000)  # the left menu and the page, without the assistant panel
-                browser.open(f"{base}/#/experiments/{eid}/runs/{rid}", wait=6)
+                browser.open(f"{base}/#/experiments/{eid}/runs/{rid}", wait=15)  # the first load is the slowest
                 browser.shoot(args.out / "review-run.png", crop)
                 browser.open(f"{base}/#/experiments/{eid}/runs/{rid}/model-metrics", wait=6)
                 browser.type_into("input[placeholder='Search metric charts']", "rtpo/depth0/", wait=6)

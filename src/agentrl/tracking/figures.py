@@ -60,6 +60,8 @@ def rtpo_depths(client: Any, run_id: str) -> None:
         ax.grid(alpha=0.3)
         if depths:
             ax.legend(fontsize=8)
+        else:  # e.g. clipfrac when no depth took an update (all advantages zero)
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
     fig.tight_layout()
     client.log_figure(run_id, fig, "rtpo_depths.png")
     plt.close(fig)
