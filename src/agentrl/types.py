@@ -43,9 +43,11 @@ class Turn:
         finish_reason: ``stop`` (stop token), ``length`` (token budget or context window) or ``abort``.
         policy_version: Version of the policy weights that produced the response.
         forced: True when the response was replayed from a recorded trunk rather than sampled (RTPO branching).
-        messages: Chat messages the prompt was rendered from (display only, never used for training).
+        messages: Chat messages the prompt was rendered from (display only, never used for training): all of
+            them on the first turn, then those new since the previous turn's reply.
         text: Decoded response text (display only).
         tool_calls: Tool calls parsed from the response (display only).
+        tools: Tool schemas (OpenAI ``{"type": "function", ...}``) offered with the prompt (display only).
     """
 
     prompt_ids: list[int]
@@ -59,6 +61,7 @@ class Turn:
     messages: list[dict[str, Any]] | None = None
     text: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if len(self.prompt_ids) == 0:

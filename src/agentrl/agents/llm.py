@@ -145,7 +145,7 @@ class LLMClient:
             if k < self.replay.branch_turn:
                 turn = Turn(list(recorded.prompt_ids), list(recorded.response_ids), list(recorded.logprobs), index=k,
                             finish_reason=recorded.finish_reason, policy_version=recorded.policy_version,
-                            forced=True, messages=delta)
+                            forced=True, messages=delta, tools=tools)
                 return self._record(turn, messages, prompt_text)
         completion = await self.engine.generate(
             prompt_ids, self.sampling.with_seed(derive_seed(self.seed, k)), session=self.session
@@ -153,7 +153,8 @@ class LLMClient:
         if not completion.token_ids:
             raise EpisodeTruncated(f"turn {k}: the prompt ({len(prompt_ids)} tokens) fills the context window")
         turn = Turn(prompt_ids, completion.token_ids, completion.logprobs, index=k,
-                    finish_reason=completion.finish_reason, policy_version=completion.policy_version, messages=delta)
+                    finish_reason=completion.finish_reason, policy_version=completion.policy_version, messages=delta,
+                    tools=tools)
         return self._record(turn, messages, prompt_text)
 
     def reward(self, value: float, turn: int = -1) -> None:
@@ -181,7 +182,8 @@ class LLMClient:
         for t in self.replay.turns[:k]:
             self.turns.append(Turn(list(t.prompt_ids), list(t.response_ids), list(t.logprobs), index=t.index,
                                    reward=t.reward, finish_reason=t.finish_reason, policy_version=t.policy_version,
-                                   forced=True, messages=t.messages, text=t.text, tool_calls=t.tool_calls))
+                                   forced=True, messages=t.messages, text=t.text, tool_calls=t.tool_calls,
+                                   tools=t.tools))
         # a copy: every sibling of the trunk gets the same snapshot and may mutate what it restores
         snapshot = copy.deepcopy(self.replay.snapshot)
         if k > 0:

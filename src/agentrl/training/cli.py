@@ -13,10 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import tempfile
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
@@ -24,15 +22,13 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
-from agentrl.tracking import TrajectoryLogger
+from agentrl.tracking import DEFAULT_TRACKING_URI, TrajectoryLogger, log_config, reopen_run
 from agentrl.training.callbacks import GracefulStop, RLCheckpoint
 from agentrl.training.datamodule import RolloutDataModule
 from agentrl.training.keys import COMMON_KEYS, normalize_argv
 from agentrl.training.module import AgentRLModule
 from agentrl.training.preflight import ConfigError, preflight
 from agentrl.training.progress import RunProgress, quiet_libraries, verbose
-
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 
 class MLflowConfig(SaveConfigCallback):
@@ -42,13 +38,9 @@ class MLflowConfig(SaveConfigCallback):
         logger = trainer.logger
         if not isinstance(logger, MLFlowLogger) or not trainer.is_global_zero:
             return
-        text = self.parser.dump(self.config, skip_none=False)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "config.yaml"
-            path.write_text(text)
-            logger.experiment.log_artifact(logger.run_id, str(path))
         flat = _flatten(self.config.as_dict())
-        logger.log_hyperparams({k: v for k, v in flat.items() if not k.startswith("trainer.callbacks")})
+        log_config(logger, self.parser.dump(self.config, skip_none=False),
+                   {k: v for k, v in flat.items() if not k.startswith("trainer.callbacks")})
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -74,7 +66,7 @@ class AgentRLCLI(LightningCLI):
             "trainer.log_every_n_steps": 1,
             "trainer.num_sanity_val_steps": 0,
             "trainer.logger": {
-                "class_path": "lightning.pytorch.loggers.MLFlowLogger",
+                "class_path": "agentrl.tracking.MLflowLogger",
                 "init_args": {"experiment_name": "agentrl", "tracking_uri": DEFAULT_TRACKING_URI},
             },
         })
@@ -89,6 +81,8 @@ class AgentRLCLI(LightningCLI):
             self.trainer_defaults["callbacks"] = [c for c in self.trainer_defaults.get("callbacks", [])
                                                   if not isinstance(c, RunProgress)]
         preflight(self.parser, self.config, self.subcommand or "fit")
+        if self.subcommand in (None, "fit"):
+            reopen_run(config)  # --ckpt_path continues the checkpoint's MLflow run
 
     def before_fit(self) -> None:
         # resuming loads checkpoints with torch.load(weights_only=True) unless the user says otherwise

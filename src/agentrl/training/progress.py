@@ -116,9 +116,12 @@ class RunProgress(ProgressBar):
         logger = _mlflow(trainer)
         if logger is None:
             return None
-        client = logger.experiment
-        name = client.get_run(logger.run_id).info.run_name
-        experiment = client.get_experiment(logger.experiment_id).name
+        try:  # a failed tracking store costs a line here, never the run (docs/operations.md, "Tracking faults")
+            client = logger.experiment
+            name = client.get_run(logger.run_id).info.run_name
+            experiment = client.get_experiment(logger.experiment_id).name
+        except Exception as exc:
+            return f"MLflow run unavailable ({type(exc).__name__}): see the warnings above"
         return (f"run {name} (id {logger.run_id}) in MLflow experiment {experiment}; open it with:\n"
                 f"  {mlflow_ui_command(client.tracking_uri)}")
 
@@ -162,8 +165,11 @@ class RunProgress(ProgressBar):
                 lines.append(f"  checkpoint: {cb.last_model_path} (resume with --ckpt_path last)")
         logger = _mlflow(trainer)
         if logger is not None and any(getattr(cb, "log_final_model", False) for cb in trainer.callbacks):  # type: ignore[attr-defined]
-            uri = logger.experiment.get_run(logger.run_id).info.artifact_uri
-            lines.append(f"  final model: {uri}/final_model (transformers/peft from_pretrained)")
+            try:
+                uri = logger.experiment.get_run(logger.run_id).info.artifact_uri
+                lines.append(f"  final model: {uri}/final_model (transformers/peft from_pretrained)")
+            except Exception as exc:  # the store failed: the run is done all the same
+                lines.append(f"  final model: not recorded (MLflow {type(exc).__name__})")
         where = self._where(trainer)
         if where:
             lines.append(f"  {where}".replace("\n", "\n  "))

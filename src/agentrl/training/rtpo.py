@@ -136,6 +136,7 @@ class RTPO(Schedule):
         targets = {(b, k): TurnTargets(float(adv[b]), weight=weights[b]) for b in range(len(ok))}
         stats["reward"] = float(rewards.mean())
         stats["zero_advantage_frac"] = float((adv.abs() < 1e-12).double().mean())
+        stats["mean_abs_advantage"] = float(adv.abs().mean())
         if self.off_policy_continuation:
             stats["is_weight"] = sum(weights) / len(weights)
         train = learner.update(ok, targets, self.ppo, tag=f"k{k}")

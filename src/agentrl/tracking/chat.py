@@ -1,0 +1,146 @@
+"""Episodes as MLflow traces in MLflow's chat format, with the episode's reward as assessments.
+
+MLflow's GenAI views (the Traces tab's chat view, token counts, assessment filters) read a fixed shape:
+
+* a span of type ``CHAT_MODEL`` whose inputs are an OpenAI chat request (``{"messages": [...]}``) and whose
+  outputs are an OpenAI chat completion (``choices[0].message`` is the assistant message with its
+  ``tool_calls``, ``usage`` the token counts);
+* the tools offered to the model in the ``mlflow.chat.tools`` attribute (`mlflow.tracing.set_span_chat_tools`),
+  the token usage in ``mlflow.chat.tokenUsage``, the format in ``mlflow.message.format``;
+* scores as assessments (`mlflow.entities.Feedback`) on the trace, with a source naming who scored it.
+
+A recorded `Turn` keeps only the messages new since the previous reply (``Turn.messages``), so the full input of
+turn k is rebuilt here: the new messages of turns 0..k with each earlier turn's reply in between.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agentrl.types import Trajectory, Turn
+
+Message = dict[str, Any]
+
+
+def assistant_message(turn: Turn) -> Message:
+    """The turn's reply as an OpenAI assistant message (the raw text as content, parsed calls as ``tool_calls``)."""
+    message: Message = {"role": "assistant", "content": turn.text or ""}
+    if turn.tool_calls:
+        message["tool_calls"] = [
+            {"id": f"call_{turn.index}_{i}", "type": "function",
+             "function": {"name": str(call.get("name")), "arguments": json.dumps(call.get("arguments", {}))}}
+            for i, call in enumerate(turn.tool_calls)
+        ]
+    return message
+
+
+def _same(a: Message, b: Message) -> bool:
+    return a.get("role") == b.get("role") and a.get("content") == b.get("content")
+
+
+def turn_inputs(traj: Trajectory) -> list[list[Message]]:
+    """The full chat input of every turn: earlier new messages and replies, then the turn's new messages.
+
+    A turn whose recorded messages start with the episode's first message was rendered from scratch (the agent
+    rewrote its history), so its messages are the whole input.
+    """
+    out: list[list[Message]] = []
+    history: list[Message] = []
+    first = traj.turns[0].messages[0] if traj.turns and traj.turns[0].messages else None
+    for turn in traj.turns:
+        new = list(turn.messages or [])
+        if history and new and first is not None and _same(new[0], first):
+            history = []
+        history = [*history, *new]
+        out.append(list(history))
+        history.append(assistant_message(turn))
+    return out
+
+
+def chat_completion(turn: Turn, model: str) -> dict[str, Any]:
+    """The turn's reply as an OpenAI chat completion (what MLflow's chat view reads from a span's outputs)."""
+    prompt, completion = len(turn.prompt_ids), len(turn.response_ids)
+    return {
+        "object": "chat.completion", "model": model,
+        "choices": [{"index": 0, "message": assistant_message(turn), "finish_reason": turn.finish_reason}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+    }
+
+
+def _tool_results(next_turn: Turn | None) -> list[Any]:
+    return [m.get("content") for m in (next_turn.messages or []) if m.get("role") == "tool"] if next_turn else []
+
+
+def log_episode(client: Any, traj: Trajectory, *, experiment_id: str, run_id: str, step: int, model: str,
+                reward_source: str) -> str:
+    """Record one episode as a trace (root AGENT span, a CHAT_MODEL span per turn, a TOOL span per call) and its
+    reward and success as feedback assessments. Returns the trace id.
+
+    Args:
+        client: The run's `mlflow.MlflowClient`.
+        traj: The episode.
+        experiment_id: Experiment of the run.
+        run_id: Run the trace is linked to.
+        step: RL step the episode was collected at.
+        model: Model name shown on the chat spans.
+        reward_source: Who scored the episode (the reward function's import path), the assessments' source.
+    """
+    from mlflow.entities import AssessmentSource, Feedback
+    from mlflow.tracing import set_span_chat_tools
+    from mlflow.tracing.client import TracingClient
+    from mlflow.tracing.constant import SpanAttributeKey
+
+    inputs = turn_inputs(traj)
+    root = client.start_trace(
+        f"episode {traj.task_id}", span_type="AGENT",
+        inputs={"task": traj.task_id, "seed": traj.seed, "messages": inputs[0] if inputs else []},
+        attributes={"step": step, "group": traj.group, "branch_turn": traj.branch_turn},
+        tags={"agentrl.step": str(step), "agentrl.task": traj.task_id},
+        experiment_id=experiment_id, run_id=run_id,
+    )
+    trace_id = root.trace_id
+    for k, turn in enumerate(traj.turns):
+        prompt, completion = len(turn.prompt_ids), len(turn.response_ids)
+        span = client.start_span(
+            f"turn {turn.index}", trace_id=trace_id, parent_id=root.span_id, span_type="CHAT_MODEL",
+            inputs={"model": model, "messages": inputs[k]},
+            attributes={
+                SpanAttributeKey.MESSAGE_FORMAT: "openai",
+                SpanAttributeKey.CHAT_USAGE: {"input_tokens": prompt, "output_tokens": completion,
+                                              "total_tokens": prompt + completion},
+                "mean_logprob": sum(turn.logprobs) / max(len(turn.logprobs), 1),
+                "policy_version": turn.policy_version, "reward": turn.reward, "replayed": turn.forced,
+            },
+        )
+        if turn.tools:
+            set_span_chat_tools(span, turn.tools)  # type: ignore[arg-type]  # dicts are accepted and validated
+        results = _tool_results(traj.turns[k + 1] if k + 1 < len(traj.turns) else None)
+        for i, call in enumerate(turn.tool_calls or []):
+            tool = client.start_span(str(call.get("name")), trace_id=trace_id, parent_id=span.span_id,
+                                     span_type="TOOL", inputs=call.get("arguments"))
+            client.end_span(trace_id=trace_id, span_id=tool.span_id,
+                            outputs={"content": results[i]} if i < len(results) else None)
+        client.end_span(trace_id=trace_id, span_id=span.span_id, outputs=chat_completion(turn, model))
+    client.end_trace(trace_id=trace_id, outputs={"reward": traj.total_reward, "success": traj.success,
+                                                 "terminated": traj.terminated, "truncated": traj.truncated,
+                                                 "error": traj.error},
+                     status="ERROR" if traj.failed else "OK")
+    import mlflow
+
+    mlflow.flush_trace_async_logging()  # the trace must be stored before assessments can reference it
+    source = AssessmentSource(source_type="CODE", source_id=reward_source)
+    tracing = TracingClient(client.tracking_uri)
+    tracing.log_assessment(trace_id, Feedback(name="reward", value=float(traj.total_reward), source=source))
+    tracing.log_assessment(trace_id, Feedback(name="success", value=bool(traj.success), source=source))
+    return str(trace_id)
+
+
+def reward_source(agent: Any) -> str:
+    """Import path of what scores an agent's episodes: its ``reward`` function, else its environment's class."""
+    reward = getattr(agent, "reward", None)
+    target = reward if callable(reward) and hasattr(reward, "__qualname__") else None
+    if target is None:
+        env = getattr(agent, "env", None)
+        target = type(env) if env is not None else type(agent)
+    return f"{target.__module__}.{target.__qualname__}"

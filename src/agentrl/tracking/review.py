@@ -1,0 +1,215 @@
+"""Review runs in MLflow: episodes as chat traces with reward assessments, a trajectory table, run tags, figures,
+the final model (optionally registered).
+
+`TrajectoryLogger` is a Lightning callback (on by default in ``agentrl fit``, configured under ``tracking:``). With
+an MLflow logger it records:
+
+* at the start: run tags (schedule, agent, environment, model, engine, world size, git commit) and a run
+  description with the command line;
+* at the first step and every ``every_n_steps`` steps, up to ``max_trajectories`` episodes of the step as **MLflow
+  traces** in MLflow's chat format (`agentrl.tracking.chat`: a CHAT_MODEL span per turn with the full messages,
+  the reply and its tool calls, the tools offered and the token usage; a TOOL span per call; the episode's reward
+  and success as feedback assessments) and as rows of the ``trajectories.json`` table;
+* at the end: ``reward_curve.png``, ``rtpo_depths.png`` (RTPO runs: zero-advantage fraction, mean |A| and
+  clipfrac per depth), the final policy as ``final_model/`` (loadable with ``transformers``/``peft``), registered
+  as a version of ``register_model`` when that is set.
+
+It also writes the MLflow run id into every checkpoint (``checkpoint["mlflow"]``) so ``--ckpt_path`` continues
+the same run, and tells the logger how the run ended (KILLED when it stopped before ``data.steps``).
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from agentrl.tracking import figures
+from agentrl.tracking.chat import log_episode, reward_source
+from agentrl.tracking.store import MLflowLogger
+from agentrl.types import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+def transcript(traj: Trajectory, max_chars: int = 4000) -> str:
+    """A readable transcript: the new messages of each turn and the model's reply."""
+    parts: list[str] = []
+    for turn in traj.turns:
+        for m in turn.messages or []:
+            parts.append(f"[{m.get('role')}] {m.get('content')}")
+        tag = " (replayed)" if turn.forced else ""
+        parts.append(f"[assistant{tag}] {turn.text}  <reward {turn.reward:+.2f}, {turn.finish_reason}>")
+    if traj.failed:
+        parts.append(f"[failed] {traj.error}")
+    text = "\n".join(parts)
+    return text if len(text) <= max_chars else text[: max_chars - 20] + "\n... (truncated)"
+
+
+def safe_call(logger: MLFlowLogger, what: str, fn: Any) -> Any:
+    """``fn(client, run_id)`` through `MLflowLogger.call` (fallback store, never raises); with Lightning's own
+    logger, a store error becomes one warning."""
+    if isinstance(logger, MLflowLogger):
+        return logger.call(what, fn)
+    try:
+        return fn(logger.experiment, logger.run_id)
+    except Exception as exc:
+        log.warning("MLflow: %s failed (%s: %s); training continues", what, type(exc).__name__, exc)
+        return None
+
+
+def log_config(logger: MLFlowLogger, text: str, params: dict[str, Any]) -> None:
+    """The resolved config as ``config.yaml`` and its flattened values as parameters."""
+    def write(client: Any, run_id: str) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "config.yaml"
+            path.write_text(text)
+            client.log_artifact(run_id, str(path))
+
+    safe_call(logger, "logging the config", write)
+    logger.log_hyperparams(params)
+
+
+def _git_commit() -> str | None:
+    for where in (Path.cwd(), Path(__file__).parent):
+        try:
+            out = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                 timeout=5, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if out.returncode == 0:
+            return out.stdout.strip()
+    return None
+
+
+def run_tags(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, str]:
+    """What identifies a run in the runs table: schedule, agent, environment, model, engine, world size, commit,
+    and the command line as the run's description."""
+    agent = getattr(getattr(trainer, "datamodule", None), "agent", None)
+    env = getattr(agent, "env", None)
+    tags = {
+        "agentrl.schedule": type(getattr(pl_module, "algorithm", None)).__name__,
+        "agentrl.agent": type(agent).__name__,
+        "agentrl.environment": type(env).__name__ if env is not None else "none",
+        "agentrl.model": str(getattr(getattr(pl_module, "policy", None), "name", "")),
+        "agentrl.engine": type(getattr(pl_module, "engine_spec", None)).__name__,
+        "agentrl.world_size": str(trainer.world_size),
+        "mlflow.note.content": f"Command:\n\n    agentrl fit {shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])}",
+    }
+    commit = _git_commit()
+    if commit:
+        tags["agentrl.git_commit"] = commit
+    return tags
+
+
+class TrajectoryLogger(pl.Callback):
+    """Log run tags, sample episodes, figures and the final model to MLflow.
+
+    Args:
+        every_n_steps: Steps between samples (0 disables trajectory logging).
+        max_trajectories: Episodes logged per sampled step.
+        traces: Log MLflow traces (besides the table).
+        log_final_model: Log the trained policy as the ``final_model`` artifact at the end.
+        register_model: Also register the final model under this name (the Models tab); None: do not register.
+    """
+
+    def __init__(self, every_n_steps: int = 5, max_trajectories: int = 4, traces: bool = True,
+                 log_final_model: bool = True, register_model: str | None = None) -> None:
+        if every_n_steps < 0 or max_trajectories < 0:
+            raise ValueError("tracking.every_n_steps and tracking.max_trajectories must be >= 0")
+        if register_model is not None and (not register_model.strip() or not log_final_model):
+            raise ValueError("tracking.register_model needs a non-empty name and tracking.log_final_model: true")
+        self.every_n_steps = every_n_steps
+        self.max_trajectories = max_trajectories
+        self.traces = traces
+        self.log_final_model = log_final_model
+        self.register_model = register_model
+        self._rows: list[dict[str, Any]] = []
+
+    @staticmethod
+    def _mlflow(trainer: pl.Trainer) -> MLFlowLogger | None:
+        for logger in trainer.loggers:
+            if isinstance(logger, MLFlowLogger):
+                return logger
+        return None
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        logger = self._mlflow(trainer)
+        if logger is not None and trainer.is_global_zero:
+            tags = run_tags(trainer, pl_module)
+            safe_call(logger, "setting run tags", lambda c, r: [c.set_tag(r, k, v) for k, v in tags.items()])
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        logger = self._mlflow(trainer)
+        step = int(getattr(pl_module, "rl_step", batch_idx + 1))
+        due = self.every_n_steps and (step == 1 or step % self.every_n_steps == 0)
+        if logger is None or not trainer.is_global_zero or not due:
+            return
+        trajs = list(getattr(pl_module, "last_trajectories", []))[: self.max_trajectories]
+        model = str(getattr(getattr(pl_module, "policy", None), "name", "policy"))
+        source = reward_source(getattr(getattr(trainer, "datamodule", None), "agent", None))
+        for traj in trajs:
+            if self.traces:
+                safe_call(logger, "logging a trace", lambda c, r, t=traj: log_episode(
+                    c, t, experiment_id=logger.experiment_id or "0", run_id=r, step=step, model=model,
+                    reward_source=source))
+            self._rows.append({"step": step, "task": traj.task_id, "reward": traj.total_reward,
+                               "success": traj.success, "turns": traj.num_turns, "failed": traj.failed,
+                               "transcript": transcript(traj)})
+        if self._rows:
+            columns = {key: [r[key] for r in self._rows] for key in self._rows[0]}
+            safe_call(logger, "logging the trajectory table",
+                      lambda c, r: c.log_table(r, data=columns, artifact_file="trajectories.json"))
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        logger = self._mlflow(trainer)
+        run_id = getattr(logger, "_run_id", None)
+        if isinstance(logger, MLflowLogger) and run_id and not logger.disabled:
+            checkpoint["mlflow"] = {"run_id": run_id, "tracking_uri": logger.tracking_uri}
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        logger = self._mlflow(trainer)
+        if isinstance(logger, MLflowLogger) and isinstance(exception, KeyboardInterrupt | SIGTERMException):
+            logger.end_status = "KILLED"  # stopped by a signal (after a checkpoint): resumable, not a failure
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        logger = self._mlflow(trainer)
+        steps = getattr(getattr(trainer, "datamodule", None), "steps", None)
+        if isinstance(logger, MLflowLogger) and steps is not None and getattr(pl_module, "rl_step", steps) < steps:
+            logger.end_status = "KILLED"
+        if logger is None or not trainer.is_global_zero:
+            return
+        safe_call(logger, "logging the reward curve", figures.reward_curve)
+        safe_call(logger, "logging the RTPO per-depth figure", figures.rtpo_depths)
+        if self.log_final_model and getattr(pl_module, "policy", None) is not None:
+            safe_call(logger, "logging the final model", lambda c, r: self._final_model(c, r, pl_module))
+
+    def _final_model(self, client: Any, run_id: str, pl_module: pl.LightningModule) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "final_model"
+            # sharded training: the whole weights, as gathered at the last push (no collective on rank 0 alone)
+            policy = getattr(pl_module, "whole_policy", None) or pl_module.policy
+            policy.save(out, tokenizer=True)  # type: ignore[union-attr,operator]
+            client.log_artifacts(run_id, str(out), artifact_path="final_model")
+        if self.register_model:
+            from mlflow.exceptions import MlflowException
+
+            try:
+                client.create_registered_model(self.register_model,
+                                               description="agentrl policies (transformers/peft folders)")
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+            source = f"{client.get_run(run_id).info.artifact_uri}/final_model"
+            version = client.create_model_version(self.register_model, source, run_id=run_id)
+            log.info("MLflow: registered %s version %s (%s)", self.register_model, version.version, source)

@@ -1,0 +1,268 @@
+"""The MLflow logger of ``agentrl fit``: a tracking store that fails never stops or stalls training, and one MLflow
+run per training run across stops and resumes.
+
+Lightning's `MLFlowLogger` lets every store error through: a read-only or missing sqlite file retries for ~100 s
+(MLflow's engine retry) before crashing, an unreachable HTTP server ~250 s (120 s timeout, 7 retries with
+backoff), and a store that fills mid-run crashes the run at the next metric. `MLflowLogger` instead
+
+* checks the store first with a short timeout (a write lock on a sqlite file, one request to an HTTP server) and
+  sets short HTTP limits (``MLFLOW_HTTP_REQUEST_TIMEOUT`` / ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, unless they are
+  set in the environment);
+* on any store error, at the start or mid-run, logs one warning and moves to a local fallback store
+  (``fallback_uri``, a sqlite file beside the run) where a new run gets the parameters again and the rest of the
+  metrics; if the fallback fails too, tracking is off for the rest of the run, with one more warning;
+* ends the run FINISHED when training completes, KILLED when it stopped early (a signal; resumable), FAILED on
+  an error (`end_status`);
+* reopens a run by id (``run_id``, which `reopen_run` takes from the checkpoint on ``--ckpt_path``) and marks it
+  RUNNING again, so a resumed run continues the same metric history.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+DEFAULT_FALLBACK_URI = "sqlite:///mlflow-fallback.db"
+
+
+def check_store(uri: str, timeout_s: float) -> None:
+    """Raise (quickly) if the store at ``uri`` cannot be written: sqlite files and HTTP servers are checked."""
+    if uri.startswith("sqlite:///"):
+        path = uri.removeprefix("sqlite:///").split("?")[0]
+        if path in ("", ":memory:"):
+            return
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        con = sqlite3.connect(path, timeout=timeout_s)
+        try:
+            con.execute("BEGIN IMMEDIATE")  # takes the write lock: fails on a read-only or unopenable file
+            con.execute("ROLLBACK")
+        finally:
+            con.close()
+    elif uri.startswith(("http://", "https://")):
+        import requests
+
+        requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)  # any answer: the server is there
+
+
+def absolute_uri(uri: str) -> str:
+    """``sqlite:///relative.db`` as an absolute sqlite URI (what ``mlflow ui`` needs from another directory)."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
+    return uri
+
+
+# errors about what was logged, not about the store: a warning, no fallback
+DATA_ERRORS = {"INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
+               "INVALID_STATE"}
+
+
+def _is_data_error(exc: BaseException) -> bool:
+    return getattr(exc, "error_code", None) in DATA_ERRORS
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+class MLflowLogger(MLFlowLogger):
+    """Lightning's MLflow logger, made safe for training (see the module docstring).
+
+    Args:
+        experiment_name: MLflow experiment.
+        run_name: Name of a new run.
+        tracking_uri: The store: ``sqlite:///file.db``, ``http://host:port``, a folder.
+        tags: Tags of a new run.
+        run_id: Continue this run instead of starting one (set from the checkpoint on resume).
+        artifact_location: Artifact location of a new experiment.
+        fallback_uri: Local store used when ``tracking_uri`` fails.
+        timeout_s: Seconds for the store check and for each HTTP request.
+        max_retries: Retries of a failed HTTP request.
+    """
+
+    def __init__(self, experiment_name: str = "agentrl", run_name: str | None = None,
+                 tracking_uri: str = DEFAULT_TRACKING_URI, tags: dict[str, Any] | None = None,
+                 run_id: str | None = None, artifact_location: str | None = None,
+                 fallback_uri: str = DEFAULT_FALLBACK_URI, timeout_s: int = 10, max_retries: int = 1) -> None:
+        if timeout_s < 1 or max_retries < 0:
+            raise ValueError(f"trainer.logger.init_args: timeout_s must be >= 1 and max_retries >= 0, got "
+                             f"{timeout_s} and {max_retries}")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(max_retries))
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+        self.disabled = False
+        uri = self._usable(tracking_uri, fallback_uri, timeout_s)  # MlflowClient opens a sqlite store at once
+        super().__init__(experiment_name=experiment_name, run_name=run_name, tracking_uri=uri, tags=tags,
+                         run_id=run_id if uri == tracking_uri else None, artifact_location=artifact_location)
+        self.configured_uri = tracking_uri
+        self.fallback_uri = fallback_uri
+        self.timeout_s = timeout_s
+        self.end_status: str | None = None  # set by TrajectoryLogger: KILLED on an early stop
+        self._params: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ opening the store
+
+    def _usable(self, uri: str, fallback: str, timeout_s: float) -> str:
+        """``uri`` when it can be written, else the fallback; a folder nobody reads when neither can."""
+        for candidate in (uri, fallback):
+            try:
+                check_store(candidate, timeout_s)
+            except Exception as exc:
+                log.warning("MLflow store %s cannot be used (%s)%s", candidate, _short(exc),
+                            f": logging to the local store {absolute_uri(fallback)}; training continues"
+                            if candidate == uri else ": tracking is off for this run; training continues")
+                continue
+            return candidate
+        self.disabled = True
+        return "sqlite:///:memory:"  # a store in memory that nothing is written to
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> Any:
+        if not self._initialized and not self.disabled:
+            self._open()
+        return self._mlflow_client
+
+    def _open(self) -> None:
+        try:
+            check_store(self._tracking_uri, self.timeout_s)
+            self._create_or_reopen()
+        except Exception as exc:  # the store is unusable: fall back
+            self._fall_back(exc, "opening the run")
+
+    def _create_or_reopen(self) -> None:
+        client = self._mlflow_client
+        if self._run_id is not None:
+            try:
+                run = client.get_run(self._run_id)
+            except Exception as exc:
+                log.warning("MLflow run %s from the checkpoint is not in %s (%s): starting a new run", self._run_id,
+                            self._tracking_uri, _short(exc))
+                self._run_id = None
+            else:
+                client.update_run(self._run_id, status="RUNNING")
+                log.info("MLflow: continuing run %s (experiment %s)", self._run_id, run.info.experiment_id)
+        MLFlowLogger.experiment.fget(self)  # type: ignore[attr-defined]
+
+    def _fall_back(self, exc: BaseException, what: str) -> bool:
+        """Move to the fallback store after ``exc``; False when tracking is now off."""
+        from mlflow import MlflowClient
+
+        if self._tracking_uri == self.fallback_uri or self.disabled:
+            log.warning("MLflow fallback store %s failed while %s (%s): tracking is off for the rest of this run; "
+                        "training continues", self.fallback_uri, what, _short(exc))
+            self.disabled = True
+            return False
+        log.warning("MLflow store %s failed while %s (%s): logging to the local store %s from here on; training "
+                    "continues", self._tracking_uri, what, _short(exc), absolute_uri(self.fallback_uri))
+        self._tracking_uri = self.fallback_uri
+        self._mlflow_client = MlflowClient(self.fallback_uri)
+        self._run_id = self._experiment_id = None
+        self._initialized = False
+        try:
+            check_store(self.fallback_uri, self.timeout_s)
+            MLFlowLogger.experiment.fget(self)  # type: ignore[attr-defined]
+            if self._params:
+                super().log_hyperparams(self._params)
+        except Exception as again:
+            return self._fall_back(again, "opening the fallback run")
+        return True
+
+    # ------------------------------------------------------------------ logging that never raises
+
+    def call(self, what: str, fn: Callable[[Any, str], T]) -> T | None:
+        """``fn(client, run_id)``; on a store error: one warning, the fallback store, one more try there."""
+        for _ in range(2):
+            if self.disabled:
+                return None
+            try:
+                client = self.experiment
+                if self.disabled:
+                    return None
+                return fn(client, str(self._run_id))
+            except Exception as exc:
+                if _is_data_error(exc):
+                    log.warning("MLflow: %s failed (%s); training continues", what, _short(exc))
+                    return None
+                if not self._fall_back(exc, what):
+                    return None
+        return None
+
+    @property
+    def tracking_uri(self) -> str:
+        """The store in use now (the fallback after a failure), as an absolute URI."""
+        return absolute_uri(self._tracking_uri)
+
+    def ui_command(self) -> str:
+        """The command that shows this run: ``mlflow ui --backend-store-uri <store>``."""
+        return f"mlflow ui --backend-store-uri {self.tracking_uri}"
+
+    def summary(self) -> str:
+        """One line for the console: run id, experiment, store, and the command that shows the run."""
+        if self.disabled:
+            return "MLflow: tracking is off for this run (the store and the fallback failed)"
+        return (f"MLflow run {self.run_id} in experiment '{self._experiment_name}' ({self.tracking_uri}); "
+                f"view it with: {self.ui_command()}")
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any) -> None:
+        new = dict(params) if isinstance(params, Mapping) else vars(params)
+        self._params.update(new)
+        self.call("logging parameters", lambda client, run_id: super(MLflowLogger, self).log_hyperparams(
+            _unlogged(new, client.get_run(run_id).data.params)))
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        self.call("logging metrics", lambda _c, _r: super(MLflowLogger, self).log_metrics(metrics, step))
+
+    @rank_zero_only
+    def finalize(self, status: str = "success") -> None:
+        if not self._initialized or self.disabled:
+            return
+        final = self.end_status or {"success": "FINISHED", "finished": "FINISHED"}.get(status, "FAILED")
+        self.call("ending the run", lambda client, run_id: client.set_terminated(run_id, final))
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        return None  # checkpoints stay files beside the run; the final model is logged by TrajectoryLogger
+
+
+def _unlogged(params: dict[str, Any], logged: dict[str, str]) -> dict[str, Any]:
+    """The parameters a (reopened) run does not have yet; MLflow refuses to change a logged value, and a resume
+    changes only bookkeeping ones (``ckpt_path``, the logger's ``run_id``)."""
+    return {k: v for k, v in params.items() if k not in logged}
+
+
+def reopen_run(fit_config: Any) -> None:
+    """On ``--ckpt_path``, continue the MLflow run recorded in the checkpoint (``checkpoint["mlflow"]``).
+
+    Args:
+        fit_config: The parsed ``fit`` config (a jsonargparse namespace) before instantiation; its
+            ``trainer.logger`` gets ``run_id`` when the checkpoint's run is in the same store.
+    """
+    ckpt, logger = fit_config.get("ckpt_path"), fit_config.get("trainer.logger")
+    init = getattr(logger, "init_args", None)
+    if not ckpt or init is None or init.get("run_id") or "run_id" not in init:
+        return
+    path = Path(fit_config.get("checkpoint.dirpath") or "checkpoints") / "last.ckpt" if ckpt == "last" else Path(ckpt)
+    if not path.is_file():
+        return
+    import torch
+
+    saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("mlflow") or {}
+    uri = init.get("tracking_uri") or DEFAULT_TRACKING_URI
+    if saved.get("run_id") and absolute_uri(saved.get("tracking_uri", "")) == absolute_uri(uri):
+        init.run_id = saved["run_id"]
+    elif saved.get("run_id"):
+        log.warning("the checkpoint's MLflow run %s is in %s, not in %s: starting a new run", saved["run_id"],
+                    saved.get("tracking_uri"), uri)

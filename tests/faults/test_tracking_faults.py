@@ -1,0 +1,134 @@
+"""Tracking faults (issue 14, items 8 and 10), through ``agentrl fit`` subprocesses on the tiny smoke config:
+
+* item 8: a graceful SIGTERM ends the MLflow run KILLED (not FAILED), and ``--ckpt_path last`` continues the same
+  run, so one training run is one MLflow run with the whole metric history, FINISHED at the end;
+* item 10: a tracking store that is unusable at the start (an unreachable HTTP server, a sqlite path that cannot be
+  opened) or that disappears mid-run (a real ``mlflow server`` killed after step 1) costs a warning, not the run:
+  training finishes, the metrics land in the local fallback store, and no traceback floods the output; when the
+  fallback fails too, tracking is off and training still finishes.
+
+The subprocess timeouts bound each run; before the fix the first case ran ~250 s and the others crashed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.mlflow_server import free_port, start_mlflow_server
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = str(ROOT / "configs/smoke/turn_ppo.yaml")
+ENV = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+
+
+def _runs(db: Path) -> list[tuple[str, str]]:
+    with sqlite3.connect(db) as con:
+        return con.execute("SELECT run_uuid, status FROM runs ORDER BY start_time").fetchall()
+
+
+def _steps(db: Path, run_id: str, key: str = "rollout/reward") -> list[int]:
+    with sqlite3.connect(db) as con:
+        rows = con.execute("SELECT step FROM metrics WHERE run_uuid = ? AND key = ? ORDER BY step",
+                           (run_id, key)).fetchall()
+    return [int(s) for (s,) in rows]
+
+
+def _fit_until(cwd: Path, marker: str | None, args: list[str], on_marker: object, timeout: int) -> tuple[int, str]:
+    """Run ``agentrl fit``; call ``on_marker(proc)`` when a line contains ``marker``; (returncode, output)."""
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "fit", "--config", CONFIG, *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    if marker is not None:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(marker):  # the progress line of that step
+                on_marker(proc)  # type: ignore[operator]
+                break
+    try:
+        rest = proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rest = proc.communicate()[0]
+        pytest.fail(f"agentrl fit did not finish within {timeout} s:\n{''.join(lines)[-2000:]}{rest[-2000:]}")
+    return proc.returncode, "".join(lines) + rest
+
+
+@pytest.mark.slow
+def test_sigterm_stop_and_resume_are_one_mlflow_run(tmp_path: Path) -> None:
+    steps = ["--data.steps", "4"]
+    rc, out = _fit_until(tmp_path, "step 2/", steps, lambda p: p.send_signal(signal.SIGTERM), timeout=180)
+    assert rc == 0, out[-3000:]
+    db = tmp_path / "mlflow.db"
+    ((run_id, status),) = _runs(db)
+    assert status == "KILLED", status  # stopped on request after a checkpoint: resumable, not a failure
+    stopped = _steps(db, run_id)
+    assert stopped and stopped == list(range(len(stopped))) and len(stopped) < 4
+
+    rc, out = _fit_until(tmp_path, None, [*steps, "--ckpt_path", "last"], None, timeout=180)
+    assert rc == 0, out[-3000:]
+    assert _runs(db) == [(run_id, "FINISHED")]
+    assert _steps(db, run_id) == [0, 1, 2, 3]
+    assert _steps(db, run_id, "train/policy_loss") == [0, 1, 2, 3]
+
+
+def _assert_fell_back(cwd: Path, out: str, steps: list[int]) -> None:
+    assert "logging to the local store" in out and "training continues" in out, out[-3000:]
+    assert "Traceback" not in out, out[-5000:]
+    fallback = cwd / "mlflow-fallback.db"
+    ((run_id, status),) = _runs(fallback)
+    assert status == "FINISHED"
+    assert _steps(fallback, run_id) == steps
+    with sqlite3.connect(fallback) as con:
+        params = dict(con.execute("SELECT key, value FROM params WHERE run_uuid = ?", (run_id,)).fetchall())
+    assert params["data.batch_size"] == "4"  # the fallback run has the parameters too
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", ["unreachable-http", "unopenable-sqlite"])
+def test_a_store_unusable_at_the_start_falls_back_locally(tmp_path: Path, store: str) -> None:
+    if store == "unreachable-http":
+        uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    else:
+        (tmp_path / "store.db").mkdir()  # a folder where the sqlite file should be: sqlite cannot open it
+        uri = f"sqlite:///{tmp_path / 'store.db'}"
+    rc, out = _fit_until(tmp_path, None, ["--trainer.logger.init_args.tracking_uri", uri], None, timeout=200)
+    assert rc == 0, out[-3000:]
+    _assert_fell_back(tmp_path, out, [0, 1, 2])
+
+
+@pytest.mark.slow
+def test_when_the_fallback_fails_too_tracking_is_off_and_training_finishes(tmp_path: Path) -> None:
+    (tmp_path / "fallback.db").mkdir()  # the fallback cannot be opened either
+    rc, out = _fit_until(tmp_path, None, ["--trainer.logger.init_args.tracking_uri", f"http://127.0.0.1:{free_port()}",
+                                          "--trainer.logger.init_args.fallback_uri",
+                                          f"sqlite:///{tmp_path / 'fallback.db'}"], None, timeout=200)
+    assert rc == 0, out[-3000:]
+    assert "tracking is off for this run; training continues" in out, out[-3000:]
+    assert "Traceback" not in out, out[-5000:]
+    assert "MLflow run unavailable" in out  # the console says so instead of naming a run
+    state = torch.load(tmp_path / "checkpoints/smoke/last.ckpt", weights_only=True, map_location="cpu")
+    assert state["agentrl"]["rl_step"] == 3 and "mlflow" not in state
+
+
+@pytest.mark.slow
+def test_a_store_that_dies_mid_run_falls_back_locally(tmp_path: Path) -> None:
+    server = start_mlflow_server(f"sqlite:///{tmp_path / 'server.db'}", tmp_path)
+    try:
+        rc, out = _fit_until(tmp_path, "step 1/", ["--trainer.logger.init_args.tracking_uri", server.url],
+                             lambda _p: server.stop(), timeout=200)
+    finally:
+        server.stop()
+    assert rc == 0, out[-3000:]
+    ((run_id, _),) = _runs(tmp_path / "server.db")
+    before = _steps(tmp_path / "server.db", run_id)
+    assert before in ([], [0]), before  # logged before the server went away
+    _assert_fell_back(tmp_path, out, [1, 2] if before == [0] else [0, 1, 2])

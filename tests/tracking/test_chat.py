@@ -1,0 +1,88 @@
+"""Episodes in MLflow's chat format, written to a real sqlite store and read back: a two-turn episode with a tool
+call (which the tiny random model of the smoke runs never writes), worked out by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentrl.tracking.chat import log_episode, reward_source, turn_inputs
+from agentrl.types import Trajectory, Turn
+
+TOOLS = [{"type": "function", "function": {"name": "search", "description": "Search the notes.",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"query": {"type": "string"}},
+                                                          "required": ["query"]}}}]
+SYSTEM = {"role": "system", "content": "Answer with the tools."}
+USER = {"role": "user", "content": "Where is Orlan?"}
+TOOL_RESULT = {"role": "tool", "content": "Orlan is in Vell.", "tool_call_id": "call_0_0"}
+
+
+def _episode() -> Trajectory:
+    first = Turn([1, 2, 3], [4, 5], [-0.5, -0.25], index=0, messages=[SYSTEM, USER], tools=TOOLS,
+                 text='<tool_call>{"name": "search", "arguments": {"query": "Orlan"}}</tool_call>',
+                 tool_calls=[{"name": "search", "arguments": {"query": "Orlan"}}])
+    second = Turn([1, 2, 3, 4, 5, 6, 7], [8], [-1.0], index=1, messages=[TOOL_RESULT], tools=TOOLS,
+                  text="Vell.", reward=1.0)
+    return Trajectory(turns=[first, second], reward=0.0, terminated=True, task_id="q1", seed=7,
+                      info={"success": True})
+
+
+def test_turn_inputs_rebuild_the_whole_conversation() -> None:
+    call = {"id": "call_0_0", "type": "function",
+            "function": {"name": "search", "arguments": '{"query": "Orlan"}'}}
+    reply = {"role": "assistant", "content": _episode().turns[0].text, "tool_calls": [call]}
+    assert turn_inputs(_episode()) == [[SYSTEM, USER], [SYSTEM, USER, reply, TOOL_RESULT]]
+
+
+def test_an_agent_that_rewrites_its_history_sends_whole_inputs() -> None:
+    traj = _episode()
+    traj.turns[1].messages = [SYSTEM, {"role": "user", "content": "summary"}]
+    assert turn_inputs(traj)[1] == [SYSTEM, {"role": "user", "content": "summary"}]
+
+
+def test_an_episode_reads_back_as_chat_spans_with_tools_and_assessments(tmp_path: Path) -> None:
+    import mlflow
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)  # where the tracer exports, as MLFlowLogger sets it in a run
+    try:
+        client = MlflowClient(uri)
+        exp = client.create_experiment("chat")
+        run = client.create_run(exp)
+        trace_id = log_episode(client, _episode(), experiment_id=exp, run_id=run.info.run_id, step=3,
+                               model="tiny", reward_source="my.rewards.exact_match")
+        trace = client.get_trace(trace_id)
+    finally:
+        mlflow.set_tracking_uri(None)
+    spans = {s.name: s for s in trace.data.spans}
+    turn0, turn1, tool = spans["turn 0"], spans["turn 1"], spans["search"]
+    assert turn0.span_type == turn1.span_type == "CHAT_MODEL" and tool.span_type == "TOOL"
+    assert turn0.attributes["mlflow.chat.tools"] == TOOLS
+    message = turn0.outputs["choices"][0]["message"]
+    assert message["tool_calls"][0]["function"] == {"name": "search", "arguments": '{"query": "Orlan"}'}
+    assert turn1.inputs["messages"][-1] == TOOL_RESULT
+    assert turn1.outputs["choices"][0]["message"] == {"role": "assistant", "content": "Vell."}
+    assert turn1.outputs["usage"] == {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8}
+    assert turn1.attributes["mlflow.chat.tokenUsage"]["input_tokens"] == 7
+    assert tool.inputs == {"query": "Orlan"} and tool.outputs == {"content": "Orlan is in Vell."}
+    assert tool.parent_id == turn0.span_id
+    feedback = {a.name: a for a in trace.info.assessments}
+    assert feedback["reward"].value == pytest.approx(1.0)
+    assert feedback["success"].value is True
+    assert feedback["reward"].source.source_type == "CODE"
+    assert feedback["reward"].source.source_id == "my.rewards.exact_match"
+
+
+def test_reward_source_names_the_reward_function_or_the_environment() -> None:
+    from agentrl.agents.env_agent import EnvAgent
+    from agentrl.envs import GuessNumberEnv
+
+    class Scored:
+        def reward(self, task: object, result: object) -> float:
+            return 0.0
+
+    assert reward_source(EnvAgent(GuessNumberEnv())) == "agentrl.envs.guess.GuessNumberEnv"
+    assert reward_source(Scored()).endswith("Scored.reward")
