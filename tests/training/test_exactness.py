@@ -69,3 +69,39 @@ def test_logged_reward_of_a_two_rank_step_is_the_mean_over_both_ranks(tmp_path: 
     assert logged == pytest.approx(sum(rewards) / len(rewards), abs=1e-6)
     assert ranks[1]["metrics"]["rollout/reward"] == logged  # every rank logs the same global value
     assert ranks[0]["metrics"]["rollout/episodes"] == len(rewards)
+
+
+FSDP2 = ["--trainer.devices", "2", "--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy",
+         "--trainer.strategy.data_parallel_size", "2", "--trainer.strategy.tensor_parallel_size", "1"]
+
+
+@pytest.mark.slow
+def test_sharded_fit_checkpoints_and_resumes(tmp_path: Path) -> None:
+    """``agentrl fit`` on the RTPO smoke config with FSDP2 on two CPU ranks: killed hard during step 3, it resumes
+    from the sharded checkpoint of step 2 and finishes, making the same step 3 as before the kill."""
+    import signal
+
+    args = ["--config", str(ROOT / "configs/smoke/rtpo.yaml"), *FSDP2, "--data.steps", "4"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "agentrl.cli", "fit", *args]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    assert proc.stdout is not None
+    before = ""
+    for line in proc.stdout:
+        if line.startswith("step 3/4"):
+            before = line
+            os.killpg(proc.pid, signal.SIGKILL)  # both ranks, no chance to save
+            break
+    proc.wait(timeout=60)
+    assert before, "the run did not reach step 3"
+    ckpt = tmp_path / "checkpoints/smoke/last.ckpt"
+    assert ckpt.is_dir() and any(ckpt.glob("*.distcp"))  # a sharded (distributed) checkpoint
+    assert torch.load(ckpt / "meta.pt", weights_only=True)["agentrl"]["rl_step"] == 2
+    resumed = subprocess.run([*cmd, "--ckpt_path", "last"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    assert "resumed at step 2" in resumed.stdout
+    after = next(line for line in resumed.stdout.splitlines() if line.startswith("step 3/4"))
+    assert after.split()[:6] == before.split()[:6]  # same reward and success: the restored weights are the same
+    assert torch.load(ckpt / "meta.pt", weights_only=True)["agentrl"]["rl_step"] == 4
