@@ -47,6 +47,14 @@ CONFIGS: dict[str, tuple[str, Callable[[], Any]]] = {
         "FrozenLake 2x2, 0 holes, 4 turns, example in prompt",
         lambda: envs.FrozenLakeEnv(size=2, holes=0, max_turns=4, prompt_example=True),
     ),
+    "frozenlake2_6turns": (
+        "FrozenLake 2x2, 0 holes, 6 turns, example in prompt",
+        lambda: envs.FrozenLakeEnv(size=2, holes=0, max_turns=6, prompt_example=True),
+    ),
+    "frozenlake2_8turns": (
+        "FrozenLake 2x2, 0 holes, 8 turns, example in prompt",
+        lambda: envs.FrozenLakeEnv(size=2, holes=0, max_turns=8, prompt_example=True),
+    ),
     "frozenlake2_plain": (
         "FrozenLake 2x2, 0 holes, 4 turns, no example",
         lambda: envs.FrozenLakeEnv(size=2, holes=0, max_turns=4, prompt_example=False),

@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("agentrl.serve",),
     ("agentrl.tracking",),
     ("agentrl.training",),
-    ("agentrl.cli",),
+    ("agentrl.cli", "agentrl.__main__"),
 ]
 
 # third-party frameworks and the layers allowed to import them

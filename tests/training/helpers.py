@@ -57,7 +57,8 @@ def make_module(schedule: Schedule, *, seed: int = 0, **kw: Any) -> AgentRLModul
 
 def fit(module: AgentRLModule, data: RolloutDataModule, callbacks: list[pl.Callback] | None = None,
         **trainer_kw: Any) -> pl.Trainer:
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+    trainer_kw.setdefault("logger", False)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks or [],
                          **trainer_kw)
     trainer.fit(module, datamodule=data)

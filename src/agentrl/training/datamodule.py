@@ -132,6 +132,11 @@ class RolloutDataModule(pl.LightningDataModule):
         eval_episodes: Episodes of the evaluation run at the start (the base success rate) and every
             ``eval_every`` steps; 0 disables.
         eval_every: Steps between evaluations (0: only at the start and the end).
+        eval_every_tokens: Also evaluate each time the run's generated training tokens cross a multiple of this
+            (0: off); see `agentrl.training.evaluation`.
+        eval_greedy: Play the held-out tasks a second time greedily (temperature 0) and log ``eval/greedy_*``.
+        max_generated_tokens: End the run at the first step whose generated training tokens reach this budget
+            (None: run ``steps`` steps). Learning comparisons across schedules use it.
         seed: Run seed mixed into every episode's sampling seed.
     """
 
@@ -150,11 +155,17 @@ class RolloutDataModule(pl.LightningDataModule):
         eval_tasks: TaskSource | None = None,
         eval_episodes: int = 0,
         eval_every: int = 0,
+        eval_every_tokens: int = 0,
+        eval_greedy: bool = False,
+        max_generated_tokens: int | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__()
         for name, value, low in (("batch_size", batch_size, 1), ("steps", steps, 1), ("concurrency", concurrency, 1),
-                                 ("eval_episodes", eval_episodes, 0), ("eval_every", eval_every, 0)):
+                                 ("eval_episodes", eval_episodes, 0), ("eval_every", eval_every, 0),
+                                 ("eval_every_tokens", eval_every_tokens, 0),
+                                 ("max_generated_tokens", 1 if max_generated_tokens is None else max_generated_tokens,
+                                  1)):
             if value < low:
                 raise ValueError(f"data.{name} must be >= {low}, got {value}")
         if not episode_timeout > 0:
@@ -175,6 +186,9 @@ class RolloutDataModule(pl.LightningDataModule):
         self.max_turns = max_turns
         self.eval_episodes = eval_episodes
         self.eval_every = eval_every
+        self.eval_every_tokens = eval_every_tokens
+        self.eval_greedy = eval_greedy
+        self.max_generated_tokens = max_generated_tokens
         self.seed = seed
         self.episodes_per_task = 1
         self._stream: TaskStream | None = None

@@ -32,7 +32,7 @@ from agentrl.engines.specs import EngineSpec, HFEngineSpec
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
 from agentrl.seeding import derive_seed
-from agentrl.training import distributed, sharding
+from agentrl.training import distributed, evaluation, sharding
 from agentrl.training.batching import (
     Row,
     TurnKey,
@@ -116,6 +116,7 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         self.peak_flops = peak_flops
         self.seed = seed
         self.rl_step = 0
+        self.generated_tokens = 0  # sampled for training, all ranks, over the run (the learning budget's axis)
         self.policy_version = 0
         self.temperature = 1.0
         self._bad_updates = 0
@@ -171,14 +172,10 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
             self.evaluate("base")
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        dm = self.trainer.datamodule  # type: ignore[attr-defined]
-        if dm.eval_every and self.rl_step % dm.eval_every == 0 and self.rl_step < dm.steps:
-            self.evaluate(f"step {self.rl_step}")
+        evaluation.after_step(self, self.generated_tokens - int(self.last_metrics.get("perf/generated_tokens", 0)))
 
     def on_train_end(self) -> None:
-        dm = self.trainer.datamodule  # type: ignore[attr-defined]
-        if self.rl_step >= dm.steps:  # not after a requested stop: that should be quick
-            self.evaluate("final")
+        evaluation.at_end(self)
 
     def attach(self, make_collector: Any) -> None:
         """Start the rollout loop and the engine, connect the collector, and push the current weights."""
@@ -191,23 +188,8 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         self.run_async(self._engine.update_weights(serving, version=self.policy_version))
 
     def evaluate(self, label: str) -> dict[str, float]:
-        """Episodes on held-out tasks (``data.eval_episodes``) with the current weights; logs ``eval/*``."""
-        from agentrl.training.schedules import rollout_metrics
-
-        dm = self.trainer.datamodule  # type: ignore[attr-defined]
-        if not dm.eval_episodes or self._collector is None or not self.trainer.is_global_zero:
-            return {}
-        trajs = self.run_async(self.collector.collect_groups(dm.eval_task_list(), 1, step=-1))
-        self.collector.reset_stats()
-        metrics = {k.replace("rollout/", "eval/"): v for k, v in rollout_metrics(trajs).items()}
-        if self.trainer.logger is not None and self.trainer.is_global_zero:
-            self.trainer.logger.log_metrics(metrics, step=self.rl_step)
-        if self.trainer.is_global_zero:
-            success, reward = metrics.get("eval/success", float("nan")), metrics.get("eval/reward", float("nan"))
-            print(f"[agentrl] {label} evaluation on {len(trajs)} held-out episodes: success {success:.3f}, "
-                  f"reward {reward:.3f}", flush=True)
-        self.last_eval = metrics
-        return metrics
+        """Play the held-out tasks with the current weights; logs ``eval/*`` (see `agentrl.training.evaluation`)."""
+        return evaluation.evaluate(self, label)
 
     def on_fit_end(self) -> None:
         self.detach()
@@ -225,12 +207,14 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         self._runtime = self._engine = self._collector = None
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["agentrl"] = {"rl_step": self.rl_step, "policy_version": self.policy_version}
+        checkpoint["agentrl"] = {"rl_step": self.rl_step, "policy_version": self.policy_version,
+                                 "generated_tokens": self.generated_tokens}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("agentrl", {})
         self.rl_step = int(state.get("rl_step", 0))
         self.policy_version = int(state.get("policy_version", 0))
+        self.generated_tokens = int(state.get("generated_tokens", 0))
         if self._engine is not None:  # restored after the engine started (sharded checkpoints): serve these weights
             self.run_async(self._engine.update_weights(self._serve_policy(), version=self.policy_version))
 
@@ -429,6 +413,8 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         metrics.update(step_perf_metrics(self._step_stats, time.perf_counter() - start, self.policy_version,
                                          mfu=self._mfu))
         metrics = reduce_across_ranks(metrics)  # every rank's episodes and turns, not rank 0's
+        self.generated_tokens += int(metrics.get("perf/generated_tokens", 0))
+        metrics["perf/generated_tokens_total"] = float(self.generated_tokens)
         self.last_metrics = metrics
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(tasks))
         reward = metrics.get("rollout/reward", float("nan"))

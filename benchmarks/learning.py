@@ -1,0 +1,171 @@
+"""Learning benchmark: schedules trained on the same tasks to the same generated-token budget, several seeds.
+
+One *cell* is (environment, schedule, seed): one ``agentrl fit`` run of
+``configs/learning/<env>.yaml`` + ``configs/learning/schedules/<schedule>.yaml`` with the cell's seed, stopped by
+``data.max_generated_tokens`` and evaluated on held-out games (sampled and greedy) every
+``data.eval_every_tokens`` tokens. Each finished cell leaves ``<out>/<env>/<schedule>/seed<k>/`` with the raw
+per-step metrics (``metrics.csv``), the run's output (``log.txt``), the overrides it ran with and
+``summary.json``, written last: a cell with a ``summary.json`` is finished and skipped by later invocations, so
+the suite can be filled over several sittings. A cell that fails or runs past ``--cell-timeout`` leaves no
+summary (its log stays) and runs again next time. Every cell also logs to MLflow (one experiment, tags
+env/schedule/seed), so the runs can be compared in the UI.
+
+``--report`` (also run after the cells) draws the learning curves (mean and spread over seeds, x = generated
+tokens) and writes the table that docs/benchmarks.md quotes.
+
+Example::
+
+    python benchmarks/learning.py --env guess --schedules rtpo turn_ppo grpo token_ppo --seeds 0 1 2
+    python benchmarks/learning.py --env guess --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs" / "learning"
+SCHEDULES = ("rtpo", "turn_ppo", "grpo", "token_ppo")
+TARGETS = {"guess": 0.25, "frozenlake": 0.3}  # held-out sampled success for "tokens to reach the target"
+
+
+def cell_dir(out: Path, env: str, schedule: str, seed: int) -> Path:
+    return out / env / schedule / f"seed{seed}"
+
+
+def overrides(env: str, schedule: str, seed: int, folder: Path, tracking_uri: str, scratch: Path) -> dict[str, Any]:
+    """The cell's own settings: its seed, its loggers (CSV into the cell folder, MLflow with tags), scratch."""
+    tags = {"benchmark": "learning", "env": env, "schedule": schedule, "seed": str(seed)}
+    return {
+        "seed_everything": seed,
+        "trainer": {"logger": [
+            {"class_path": "lightning.pytorch.loggers.CSVLogger",
+             "init_args": {"save_dir": str(folder), "name": "", "version": ""}},
+            {"class_path": "agentrl.tracking.MLflowLogger",
+             "init_args": {"experiment_name": "agentrl-learning", "tracking_uri": tracking_uri,
+                           "run_name": f"{env}-{schedule}-seed{seed}", "tags": tags}},
+        ]},
+        "checkpoint": {"dirpath": str(scratch / "checkpoints"), "every_n_steps": 1000},
+        "data": {"seed": seed},
+        "model": {"seed": seed},
+    }
+
+
+def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace) -> dict[str, Any] | None:
+    folder = cell_dir(args.out, env, schedule, seed)
+    if (folder / "summary.json").exists():
+        print(f"[learning] {env}/{schedule}/seed{seed}: finished earlier, skipped", flush=True)
+        return json.loads((folder / "summary.json").read_text())
+    if folder.exists():
+        shutil.rmtree(folder)  # a partial cell from an interrupted sitting: start it again
+    folder.mkdir(parents=True)
+    scratch = args.scratch / env / schedule / f"seed{seed}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    cell = overrides(env, schedule, seed, folder, args.tracking_uri, scratch)
+    (folder / "overrides.json").write_text(json.dumps(cell, indent=1))
+    cmd = [sys.executable, "-m", "agentrl", "fit", "--config", str(CONFIGS / f"{env}.yaml"),
+           "--config", str(CONFIGS / "schedules" / f"{schedule}.yaml"), "--config", str(folder / "overrides.json"),
+           *args.extra]
+    print(f"[learning] {env}/{schedule}/seed{seed}: running", flush=True)
+    start = time.perf_counter()
+    with open(folder / "log.txt", "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        try:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                timeout=args.cell_timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = None
+    wall = time.perf_counter() - start
+    shutil.rmtree(scratch, ignore_errors=True)
+    if rc != 0:
+        why = "timed out" if rc is None else f"exit status {rc}"
+        print(f"[learning] {env}/{schedule}/seed{seed}: FAILED ({why}) after {wall:.0f} s; see {folder / 'log.txt'}",
+              flush=True)
+        return None
+    summary = summarize(folder / "metrics.csv", env, schedule, seed, wall)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    fin = summary["evals"][-1]
+    print(f"[learning] {env}/{schedule}/seed{seed}: done in {wall / 60:.1f} min, {summary['generated_tokens']} tokens, "
+          f"held-out success {summary['evals'][0]['success']:.3f} -> {fin['success']:.3f} "
+          f"(greedy {fin['greedy_success']:.3f})", flush=True)
+    return summary
+
+
+def _num(value: str | None) -> float | None:
+    return float(value) if value not in (None, "") else None
+
+
+def summarize(metrics_csv: Path, env: str, schedule: str, seed: int, wall: float) -> dict[str, Any]:
+    """The cell's curve: training steps (tokens, rollout success) and evaluations (tokens, held-out success)."""
+    rows = list(csv.DictReader(metrics_csv.open()))
+    steps, evals = [], []
+    for r in rows:
+        if _num(r.get("perf/generated_tokens_total")) is not None:
+            steps.append({"step": int(float(r["step"])) + 1, "tokens": int(float(r["perf/generated_tokens_total"])),
+                          "success": _num(r.get("rollout/success")), "reward": _num(r.get("rollout/reward")),
+                          "seconds": _num(r.get("perf/step_seconds"))})
+        if _num(r.get("eval/success")) is not None:
+            evals.append({"tokens": int(float(r["eval/generated_tokens"])), "success": _num(r["eval/success"]),
+                          "reward": _num(r.get("eval/reward")), "greedy_success": _num(r.get("eval/greedy_success")),
+                          "greedy_reward": _num(r.get("eval/greedy_reward")), "episodes": _num(r.get("eval/episodes"))})
+    if not evals or not steps:
+        raise RuntimeError(f"{metrics_csv}: no evaluations or no steps logged")
+    return {"env": env, "schedule": schedule, "seed": seed, "wall_seconds": wall,
+            "train_seconds": sum(s["seconds"] or 0.0 for s in steps), "steps": len(steps),
+            "generated_tokens": steps[-1]["tokens"], "evals": evals, "train": steps,
+            "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--env", nargs="+", default=["guess"], choices=sorted(x.stem for x in CONFIGS.glob("*.yaml")))
+    p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
+    p.add_argument("--scratch", type=Path, default=ROOT / "checkpoints" / "learning",
+                   help="checkpoints of running cells (deleted when a cell ends)")
+    p.add_argument("--tracking-uri", default=f"sqlite:///{ROOT / 'mlflow.db'}")
+    p.add_argument("--cell-timeout", type=float, default=900.0, help="seconds before a cell is stopped as failed")
+    p.add_argument("--max-cells", type=int, default=None, help="run at most this many unfinished cells, then stop")
+    p.add_argument("--report", action="store_true", help="only draw the curves and the table from finished cells")
+    p.add_argument("extra", nargs="*", help="more `agentrl fit` arguments after --, e.g. "
+                   "-- --model.policy.init_args.model tiny-random")
+    args = p.parse_args(argv)
+    args.out = args.out.resolve()
+    args.scratch = args.scratch.resolve()
+    failed = 0
+    if not args.report:
+        todo = [(e, s, k) for e in args.env for s in args.schedules for k in args.seeds]
+        ran = 0
+        for env, schedule, seed in todo:
+            if (cell_dir(args.out, env, schedule, seed) / "summary.json").exists():
+                run_cell(env, schedule, seed, args)
+                continue
+            if args.max_cells is not None and ran >= args.max_cells:
+                break
+            ran += 1
+            failed += run_cell(env, schedule, seed, args) is None
+    from learning_report import report  # the figures and the table (benchmarks/learning_report.py)
+
+    for env in args.env:
+        report(args.out, env, args.schedules, args.seeds, TARGETS.get(env, 0.5))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""The generated-token budget and the evaluation schedule (`agentrl.training.evaluation`), on real tiny runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+from lightning.pytorch.loggers import Logger
+
+from agentrl.training.schedules import GRPO
+from tests.training.helpers import fit, guess_data, make_module
+
+
+class Recorder(Logger):
+    """Keeps every logged metrics dict with its step (a real Lightning logger, in memory)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int | None, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "recorder"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.rows.append((step, dict(metrics)))
+
+
+def test_the_run_stops_at_the_first_step_that_spends_the_budget_and_evaluates_on_the_token_schedule() -> None:
+    module = make_module(GRPO(group_size=2))
+    data = guess_data(batch_size=4, steps=50, eval_episodes=3, eval_every_tokens=30, eval_greedy=True,
+                      max_generated_tokens=60)
+    logger = Recorder()
+    fit(module, data, logger=logger)
+
+    totals = [int(m["perf/generated_tokens_total"]) for _, m in logger.rows if "perf/generated_tokens_total" in m]
+    assert totals and totals[-1] >= 60 > (totals[-2] if len(totals) > 1 else 0)  # stopped at the first step over
+    assert module.rl_step == len(totals) < 50
+    assert module.generated_tokens == totals[-1]
+    evals = [m for _, m in logger.rows if "eval/success" in m]
+    points = [int(m["eval/generated_tokens"]) for m in evals]
+    assert points[0] == 0 and points[-1] == totals[-1]  # the base model and the final weights
+    crossed = [t for prev, t in zip([0, *totals], totals, strict=False) if t // 30 > prev // 30 and t < 60]
+    assert points[1:-1] == crossed  # one evaluation each time a multiple of 30 tokens is crossed (before the end)
+    for m in evals:  # greedy evaluation played the same held-out tasks
+        assert m["eval/greedy_episodes"] == m["eval/episodes"] == 3
+
+
+def test_greedy_evaluation_is_repeatable_and_sampled_evaluation_follows_the_seed() -> None:
+    module = make_module(GRPO(group_size=2))
+    data = guess_data(batch_size=2, steps=1, eval_episodes=4, eval_greedy=True)
+    fit(module, data)  # base and final evaluations with different weights; now evaluate twice more with the same
+    module.attach(data.make_collector)
+    try:
+        first, second = module.evaluate("a"), module.evaluate("b")
+    finally:
+        module.detach()
+    assert first == second  # greedy is deterministic; sampled evaluation draws the same per-task seeds
+
+
+@pytest.mark.parametrize(("key", "value"), [("max_generated_tokens", 0), ("eval_every_tokens", -1)])
+def test_budget_settings_are_checked(key: str, value: int) -> None:
+    with pytest.raises(ValueError, match=f"data.{key} must be >= "):
+        guess_data(**{key: value})
+
+
+def test_a_budget_that_is_never_reached_runs_all_steps() -> None:
+    module = make_module(GRPO(group_size=2))
+    fit(module, guess_data(batch_size=2, steps=2, max_generated_tokens=10**9))
+    assert module.rl_step == 2 and isinstance(module, pl.LightningModule)
