@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     args.scratch = args.scratch.resolve()
     failed = 0
     if not args.report:
-        todo = [(e, s, k) for e in args.env for s in args.schedules for k in args.seeds]
+        todo = [(e, s, k) for e in args.env for k in args.seeds for s in args.schedules]  # seed by seed
         ran = 0
         for env, schedule, seed in todo:
             if (cell_dir(args.out, env, schedule, seed) / "summary.json").exists():
