@@ -26,6 +26,7 @@ import csv
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -80,6 +81,7 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace) -> di
            *args.extra]
     print(f"[learning] {env}/{schedule}/seed{seed}: running", flush=True)
     start = time.perf_counter()
+    cpu_start = _children_cpu()
     with open(folder / "log.txt", "w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
@@ -89,26 +91,35 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace) -> di
         except subprocess.TimeoutExpired:
             rc = None
     wall = time.perf_counter() - start
+    cpu = _children_cpu() - cpu_start
     shutil.rmtree(scratch, ignore_errors=True)
     if rc != 0:
         why = "timed out" if rc is None else f"exit status {rc}"
         print(f"[learning] {env}/{schedule}/seed{seed}: FAILED ({why}) after {wall:.0f} s; see {folder / 'log.txt'}",
               flush=True)
         return None
-    summary = summarize(folder / "metrics.csv", env, schedule, seed, wall)
+    summary = summarize(folder / "metrics.csv", env, schedule, seed, wall, cpu)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))
     fin = summary["evals"][-1]
-    print(f"[learning] {env}/{schedule}/seed{seed}: done in {wall / 60:.1f} min, {summary['generated_tokens']} tokens, "
+    print(f"[learning] {env}/{schedule}/seed{seed}: done in {wall / 60:.1f} min ({cpu / 60:.1f} CPU-min), "
+          f"{summary['generated_tokens']} tokens, "
           f"held-out success {summary['evals'][0]['success']:.3f} -> {fin['success']:.3f} "
           f"(greedy {fin['greedy_success']:.3f})", flush=True)
     return summary
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of finished child processes: a cell's cost that other load on a shared
+    machine does not inflate the way it inflates wall time."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _num(value: str | None) -> float | None:
     return float(value) if value not in (None, "") else None
 
 
-def summarize(metrics_csv: Path, env: str, schedule: str, seed: int, wall: float) -> dict[str, Any]:
+def summarize(metrics_csv: Path, env: str, schedule: str, seed: int, wall: float, cpu: float) -> dict[str, Any]:
     """The cell's curve: training steps (tokens, rollout success) and evaluations (tokens, held-out success)."""
     rows = list(csv.DictReader(metrics_csv.open()))
     steps, evals = [], []
@@ -123,7 +134,7 @@ def summarize(metrics_csv: Path, env: str, schedule: str, seed: int, wall: float
                           "greedy_reward": _num(r.get("eval/greedy_reward")), "episodes": _num(r.get("eval/episodes"))})
     if not evals or not steps:
         raise RuntimeError(f"{metrics_csv}: no evaluations or no steps logged")
-    return {"env": env, "schedule": schedule, "seed": seed, "wall_seconds": wall,
+    return {"env": env, "schedule": schedule, "seed": seed, "wall_seconds": wall, "cpu_seconds": cpu,
             "train_seconds": sum(s["seconds"] or 0.0 for s in steps), "steps": len(steps),
             "generated_tokens": steps[-1]["tokens"], "evals": evals, "train": steps,
             "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"}

@@ -44,6 +44,7 @@ def row(schedule: str, cells: list[dict[str, Any]], target: float) -> dict[str, 
     greedy = [c["evals"][-1]["greedy_success"] for c in cells]
     gain = [f - b for f, b in zip(final, base, strict=True)]
     minutes = [c["wall_seconds"] / 60 for c in cells]
+    cpu_minutes = [c["cpu_seconds"] / 60 for c in cells]
     reached = [tokens_to_target(c, target) for c in cells]
     return {
         "schedule": schedule, "seeds": [c["seed"] for c in cells],
@@ -52,7 +53,8 @@ def row(schedule: str, cells: list[dict[str, Any]], target: float) -> dict[str, 
         "generated_tokens": statistics.fmean(c["generated_tokens"] for c in cells),
         "steps": statistics.fmean(c["steps"] for c in cells),
         "wall_minutes": _mean_sd(minutes),
-        "gain_per_cpu_minute": statistics.fmean(g / m for g, m in zip(gain, minutes, strict=True)),
+        "cpu_minutes": _mean_sd(cpu_minutes),
+        "gain_per_cpu_minute": statistics.fmean(g / m for g, m in zip(gain, cpu_minutes, strict=True)),
         "gain_per_1k_tokens": statistics.fmean(1000 * g / c["generated_tokens"] for g, c in zip(gain, cells,
                                                                                                  strict=True)),
         "tokens_to_target": reached, "target": target,
@@ -95,14 +97,15 @@ def report(out: Path, env: str, schedules: list[str], seeds: list[int], target: 
     plt.close(fig)
     (out / env / "table.json").write_text(json.dumps(rows, indent=1))
     lines = ["| schedule | seeds | held-out success: base → final (mean ± sd) | greedy final | gain | "
-             f"tokens to {target:.0%} (per seed) | steps | wall min | gain per CPU-min | gain per 1k tokens |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"tokens to {target:.0%} (per seed) | steps | wall min | CPU-min | gain / CPU-min | gain / 1k tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         reach = ", ".join("—" if t is None else f"{t:,}" for t in r["tokens_to_target"])
         lines.append(
             f"| {r['schedule']} | {len(r['seeds'])} | {r['base_success'][0]:.3f} → {r['final_success'][0]:.3f} ± "
             f"{r['final_success'][1]:.3f} | {r['final_greedy_success'][0]:.3f} ± {r['final_greedy_success'][1]:.3f} | "
             f"{r['gain'][0]:+.3f} ± {r['gain'][1]:.3f} | {reach} | {r['steps']:.1f} | {r['wall_minutes'][0]:.1f} | "
+            f"{r['cpu_minutes'][0]:.1f} | "
             f"{r['gain_per_cpu_minute']:+.4f} | {r['gain_per_1k_tokens']:+.4f} |")
     (out / env / "table.md").write_text("\n".join(lines) + "\n")
     print(f"[learning] {env}:\n" + "\n".join(lines), flush=True)
