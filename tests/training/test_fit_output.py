@@ -105,14 +105,17 @@ def test_fit_help_shows_the_common_keys_first(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # the help starts nothing: no MLflow store, no checkpoints
 
 
-CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
+LEARNING = ROOT / "configs" / "learning"  # partial configs: one environment file + one schedule file make a run
+CONFIGS = [[c] for c in sorted((ROOT / "configs").rglob("*.yaml")) if LEARNING not in c.parents] + [
+    [env, schedule] for env in sorted(LEARNING.glob("*.yaml")) for schedule in sorted(LEARNING.glob("schedules/*"))]
 
 
 @pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
-@pytest.mark.parametrize("config", CONFIGS, ids=[str(c.relative_to(ROOT)) for c in CONFIGS])
-def test_every_shipped_config_passes_the_checks_before_work(config: Path, tmp_path: Path,
+@pytest.mark.parametrize("configs", CONFIGS, ids=["+".join(str(c.relative_to(ROOT)) for c in cs) for cs in CONFIGS])
+def test_every_shipped_config_passes_the_checks_before_work(configs: list[Path], tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """The checks build every cheap part of each shipped config (and resolve its model name) without error."""
+    """The checks build every cheap part of each shipped config (and resolve its model name) without error; the
+    learning benchmark's environment files are checked with each of its schedule files."""
     from agentrl.training.cli import AgentRLCLI
     from agentrl.training.datamodule import RolloutDataModule
     from agentrl.training.module import AgentRLModule
@@ -123,7 +126,8 @@ def test_every_shipped_config_passes_the_checks_before_work(config: Path, tmp_pa
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("agentrl.training.cli.quiet_libraries", lambda: None)  # keep this process's logging as is
-    cli = ChecksOnly(AgentRLModule, RolloutDataModule, args=["--config", str(config)], run=False,
+    args = [arg for c in configs for arg in ("--config", str(c))]
+    cli = ChecksOnly(AgentRLModule, RolloutDataModule, args=args, run=False,
                      auto_configure_optimizers=False)
     assert cli.checked and cli.config.trainer.logger.init_args.run_name  # a run name was chosen
     assert list(tmp_path.iterdir()) == []
