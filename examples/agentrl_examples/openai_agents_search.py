@@ -99,4 +99,4 @@ def reward(task: Task, result: RunResult) -> Score:
             prediction = text if isinstance(text, str) else prediction
     if prediction is None and isinstance(result.final_output, str) and "answer" not in names:
         prediction = result.final_output or None
-    return score_answer(task, prediction, "search" in names, len(result.raw_responses))
+    return score_answer(task, prediction, "search" in names, agent_llm_calls=len(result.raw_responses))

@@ -56,4 +56,4 @@ def run(task: Task, base_url: str, api_key: str) -> dict[str, Any]:
 
 def reward(task: Task, result: dict[str, Any]) -> Score:
     """F1 of the answer plus a bonus for searching (see `agentrl_examples.searchqa.score_answer`)."""
-    return score_answer(task, result["answer"], result["searched"], result["llm_calls"])
+    return score_answer(task, result["answer"], result["searched"], agent_llm_calls=result["llm_calls"])

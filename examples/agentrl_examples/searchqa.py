@@ -1,4 +1,5 @@
-"""What both examples share: the SearchQA task source, the two tools' behaviour, the worked example and the reward.
+"""What both examples share: the two tools' behaviour and the worked example (the tasks and the reward are
+`agentrl.agents.searchqa`'s, shared with the LangChain example).
 
 The corpus (shipped with agentrl, `agentrl.envs.searchqa`) is about invented people, towns and companies, so a
 model cannot answer from memory: it has to search. Both tools are deterministic, which RTPO's replay branching
@@ -11,9 +12,10 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from agentrl.agents.base import Task
-from agentrl.agents.scoring import Score
-from agentrl.envs.searchqa import f1_score, format_hits, load_questions, normalize_answer, shared_index
+from agentrl.agents.searchqa import SEARCH_BONUS, SearchQATasks, score_answer
+from agentrl.envs.searchqa import format_hits, shared_index
+
+__all__ = ["SEARCH_BONUS", "SearchQATasks", "demonstration", "score_answer", "search_text"]
 
 SYSTEM_PROMPT = (
     "You answer questions about invented people, towns and companies. You cannot know the answers: call the "
@@ -24,8 +26,6 @@ ANSWER_DESCRIPTION = "Give the final answer to the question, in a few words. Cal
 # The worked episode shown before every question; configs keep its question (q197) out of the task splits.
 DEMO_QUESTION, DEMO_QUERY, DEMO_ANSWER = "On which river is the town of Burby?", "Burby river", "Daendbenis"
 MAX_RESULT_CHARS = 600
-# A small bonus for a well-formed search call: a 135 M model that rarely answers right still gets a signal.
-SEARCH_BONUS = 0.1
 
 
 def search_text(query: str) -> str:
@@ -47,36 +47,3 @@ def demonstration() -> tuple[dict[str, Any], ...]:
         {"role": "tool", "tool_call_id": "demo_0", "content": search_text(DEMO_QUERY)},
         {"role": "assistant", "content": None, "tool_calls": [answer]},
     )
-
-
-def score_answer(task: Task, prediction: str | None, searched: bool, llm_calls: int) -> Score:
-    """Token F1 of ``prediction`` against ``task.data["answer"]`` (SQuAD) plus `SEARCH_BONUS` for a search
-    call; success is a normalised exact match. ``llm_calls`` (as the agent counted them) goes to ``info``."""
-    gold = str(task.data["answer"])
-    f1 = f1_score(prediction, gold) if prediction is not None else 0.0
-    em = prediction is not None and normalize_answer(prediction) == normalize_answer(gold)
-    info = {"answer": None if prediction is None else prediction[:200], "gold": gold, "f1": f1,
-            "searched": searched, "agent_llm_calls": llm_calls}
-    return Score(f1 + SEARCH_BONUS * searched, success=em, info=info)
-
-
-class SearchQATasks:
-    """The shipped SearchQA questions as tasks (``Task.data`` = the question row: question, answer, hops, id).
-
-    Args:
-        hops: Only questions with this many hops (1 or 2); 0 keeps all.
-        start: First question (after the hops filter) of this split.
-        stop: End of the split (exclusive); None runs to the last question. Tasks cycle within the split.
-    """
-
-    def __init__(self, hops: int = 0, start: int = 0, stop: int | None = None) -> None:
-        if hops not in (0, 1, 2):
-            raise ValueError(f"tasks.hops must be 0 (all), 1 or 2, got {hops}")
-        self.rows = load_questions(hops)[start:stop]
-        if not self.rows:
-            raise ValueError(f"no SearchQA questions with hops={hops} in [{start}, {stop})")
-
-    def task(self, index: int) -> Task:
-        """Task ``index`` (cycling); the question's position is its seed."""
-        i = index % len(self.rows)
-        return Task(id=str(self.rows[i]["id"]), seed=i, data=dict(self.rows[i]))

@@ -2,9 +2,10 @@
 
 This is the whole user code of ``configs/langchain_search_rtpo.yaml``: two ``@tool`` functions (``search`` over
 the BM25 index of ``agentrl.envs.SearchIndex``, and ``answer``, which ends the run), an agent built with
-``langchain.agents.create_agent``, a reward (token F1 of the answer against the gold one, success = exact match),
-and the task source (the shipped questions). The agent knows nothing about RL: ``build(model)`` receives the
-chat model agentrl gives it, exactly as it would receive ``ChatOpenAI(...)`` in production.
+``langchain.agents.create_agent``, and a reward (token F1 of the answer against the gold one, success = exact
+match; the scoring rule and the task source, the shipped questions, are `agentrl.agents.searchqa`'s). The agent
+knows nothing about RL: ``build(model)`` receives the chat model agentrl gives it, exactly as it would receive
+``ChatOpenAI(...)`` in production.
 
 The corpus is about invented people, towns and companies, so the model cannot answer from memory: it has to
 search. Both tools are deterministic, which RTPO's replay branching needs (a sibling replays the trunk's first
@@ -22,8 +23,11 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolCa
 from langchain_core.tools import tool
 
 from agentrl.agents.base import Task
-from agentrl.envs.searchqa import f1_score, format_hits, load_questions, normalize_answer, shared_index
+from agentrl.agents.searchqa import SEARCH_BONUS, SearchQATasks, score_answer
+from agentrl.envs.searchqa import format_hits, shared_index
 from agentrl_langchain import Score
+
+__all__ = ["SEARCH_BONUS", "SearchQATasks", "build", "reward"]
 
 SYSTEM_PROMPT = (
     "You answer questions about invented people, towns and companies. You cannot know the answers: call the "
@@ -32,9 +36,6 @@ SYSTEM_PROMPT = (
 # The worked episode shown before every question; configs keep its question (q197) out of the task splits.
 DEMO_QUESTION, DEMO_QUERY, DEMO_ANSWER = "On which river is the town of Burby?", "Burby river", "Daendbenis"
 MAX_RESULT_CHARS = 600
-# Reward shaping: a small bonus for a well-formed search call, so that a 135 M model that rarely answers right
-# still gets a signal for using the tool at all.
-SEARCH_BONUS = 0.1
 
 
 @tool
@@ -92,36 +93,9 @@ def final_answer(replies: list[AIMessage]) -> str | None:
 
 
 def reward(task: Task, result: dict[str, Any]) -> Score:
-    """Token F1 of the answer against ``task.data["answer"]`` (SQuAD), plus `SEARCH_BONUS` for a well-formed
-    search call; success is a normalised exact match."""
-    gold = str(task.data["answer"])
+    """The shared SearchQA score (`agentrl.agents.searchqa.score_answer`): token F1 of the final answer plus a
+    bonus for a well-formed search call; success is a normalised exact match."""
     replies = model_replies(result)
     searched = any(call["name"] == "search" and isinstance(call["args"].get("query"), str)
                    for message in replies for call in message.tool_calls)
-    prediction = final_answer(replies)
-    f1 = f1_score(prediction, gold) if prediction is not None else 0.0
-    em = prediction is not None and normalize_answer(prediction) == normalize_answer(gold)
-    info = {"answer": None if prediction is None else prediction[:200], "gold": gold, "f1": f1, "searched": searched}
-    return Score(f1 + SEARCH_BONUS * searched, success=em, info=info)
-
-
-class SearchQATasks:
-    """The shipped SearchQA questions as tasks (``Task.data`` = the question row: question, answer, hops, id).
-
-    Args:
-        hops: Only questions with this many hops (1 or 2); 0 keeps all.
-        start: First question (after the hops filter) of this split.
-        stop: End of the split (exclusive); None runs to the last question. Tasks cycle within the split.
-    """
-
-    def __init__(self, hops: int = 0, start: int = 0, stop: int | None = None) -> None:
-        if hops not in (0, 1, 2):
-            raise ValueError(f"tasks.hops must be 0 (all), 1 or 2, got {hops}")
-        self.rows = load_questions(hops)[start:stop]
-        if not self.rows:
-            raise ValueError(f"no SearchQA questions with hops={hops} in [{start}, {stop})")
-
-    def task(self, index: int) -> Task:
-        """Task ``index`` (cycling); the question's position is its seed."""
-        i = index % len(self.rows)
-        return Task(id=str(self.rows[i]["id"]), seed=i, data=dict(self.rows[i]))
+    return score_answer(task, final_answer(replies), searched)
