@@ -133,47 +133,58 @@ SCHEDULES = {"grpo": GRPO, "turn_ppo": TurnPPO, "token_ppo": TokenPPO, "rtpo": R
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--schedule", choices=sorted(SCHEDULES), required=True)
+    ap.add_argument("--schedule", choices=[*sorted(SCHEDULES), "all"], required=True,
+                    help="'all' (one process only): every schedule in turn, into <out>.<schedule>.pt")
     ap.add_argument("--devices", type=int, default=1)
     ap.add_argument("--strategy", default="ddp")
     ap.add_argument("--rollouts", action="store_true")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    rank, world = int(os.environ.get("LOCAL_RANK", "0")), args.devices
+    if args.schedule == "all":  # the one-process references, one interpreter start for all four
+        if args.devices != 1:
+            raise SystemExit("--schedule all runs on one process only")
+        for name in sorted(SCHEDULES):
+            run(name, 1, args.strategy, args.rollouts, Path(f"{args.out}.{name}.pt"))
+        return
+    run(args.schedule, args.devices, args.strategy, args.rollouts, args.out)
+
+
+def run(name: str, devices: int, strategy: str, rollouts: bool, out: Path) -> None:
+    rank, world = int(os.environ.get("LOCAL_RANK", "0")), devices
     kw: dict[str, Any] = {"ppo": PPOSettings(epochs=2)}
-    if args.schedule in ("grpo", "rtpo"):
+    if name in ("grpo", "rtpo"):
         kw["group_size"] = 3
-    if args.rollouts:
-        schedule = SCHEDULES[args.schedule](**kw)
+    if rollouts:
+        schedule = SCHEDULES[name](**kw)
         data = guess_data(batch_size=6, steps=1)
     else:
-        if args.schedule == "rtpo":
+        if name == "rtpo":
             per_group = _rtpo_batches()
             mine = per_group[:1] if (world == 2 and rank == 0) else per_group[1:] if world == 2 else per_group
             batches = [[t for g in mine for t in g[i]] for i in range(4)]
         else:
-            groups = _groups(args.schedule)
+            groups = _groups(name)
             mine = groups[:1] if (world == 2 and rank == 0) else groups[1:] if world == 2 else groups
             batches = [[t for g in mine for t in g]]
-        schedule = fixed_schedule(SCHEDULES[args.schedule], batches, **kw)
+        schedule = fixed_schedule(SCHEDULES[name], batches, **kw)
         data = letter_data(batch_size=6, steps=1)
     module = make_module(schedule, micro_batch_tokens=64, optim=None)
-    if not args.rollouts:
+    if not rollouts:
         for batch in batches:
             _score_logprobs(module, batch)
     grads = GradLog()
-    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=_strategy(args.strategy, world),
+    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=_strategy(strategy, world),
                          max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[grads])
     trainer.fit(module, datamodule=data)
-    if args.rollouts:
+    if rollouts:
         rewards = [t.total_reward for t in module.last_trajectories if not t.failed]
-        Path(f"{args.out}.rank{rank}.json").write_text(json.dumps({"rewards": rewards, "metrics": module.last_metrics}))
+        Path(f"{out}.rank{rank}.json").write_text(json.dumps({"rewards": rewards, "metrics": module.last_metrics}))
         return
     params = {n: _full(p.detach()) for n, p in module.named_parameters() if p.requires_grad}  # collective
     if rank == 0:
         params = {n: p.detach().clone() for n, p in params.items()}
-        torch.save({"grads": grads.grads, "params": params, "metrics": module.last_metrics}, args.out)
+        torch.save({"grads": grads.grads, "params": params, "metrics": module.last_metrics}, out)
 
 
 if __name__ == "__main__":

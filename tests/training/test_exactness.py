@@ -38,14 +38,22 @@ def _step(tmp_path: Path, schedule: str, devices: int, strategy: str = "ddp") ->
 _ONE_PROCESS: dict[str, dict[str, object]] = {}
 
 
+def _one_process(tmp_path: Path, schedule: str) -> dict[str, object]:
+    """The one-process reference of every schedule, computed in one interpreter start on first use."""
+    if not _ONE_PROCESS:
+        out = tmp_path / "one-process"
+        _run(tmp_path, "--schedule", "all", "--devices", "1", "--out", str(out))
+        for name in ("grpo", "turn_ppo", "token_ppo", "rtpo"):
+            _ONE_PROCESS[name] = torch.load(f"{out}.{name}.pt", weights_only=True)
+    return _ONE_PROCESS[schedule]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 @pytest.mark.parametrize("schedule", ["grpo", "turn_ppo", "token_ppo", "rtpo"])
 def test_two_ranks_make_the_one_process_update(tmp_path: Path, schedule: str, strategy: str) -> None:
     """``fsdp``: FSDP2 (decoder layers sharded) through Lightning's ModelParallelStrategy."""
-    if schedule not in _ONE_PROCESS:  # the one-process reference serves both strategies
-        _ONE_PROCESS[schedule] = _step(tmp_path, schedule, 1)
-    one, two = _ONE_PROCESS[schedule], _step(tmp_path, schedule, 2, strategy)
+    one, two = _one_process(tmp_path, schedule), _step(tmp_path, schedule, 2, strategy)
     # 2 epochs; × 2 optimizers (policy, critic) for the PPO schedules; × 3 depths for RTPO
     steps = {"grpo": 2, "turn_ppo": 4, "token_ppo": 4, "rtpo": 6}[schedule]
     assert len(one["grads"]) == len(two["grads"]) == steps  # type: ignore[arg-type]
