@@ -51,7 +51,7 @@ def evaluate(module: AgentRLModule, label: str) -> dict[str, float]:
     line = f"success {metrics.get('eval/success', nan):.3f}, reward {metrics.get('eval/reward', nan):.3f}"
     if dm.eval_greedy:
         line += f", greedy success {metrics.get('eval/greedy_success', nan):.3f}"
-    print(f"[agentrl] {label} evaluation on {dm.eval_episodes} held-out tasks: {line}", flush=True)
+    print(f"[agentrl] {label} evaluation on {dm.eval_episodes} held-out episodes: {line}", flush=True)
     module.last_eval = metrics
     return metrics
 
