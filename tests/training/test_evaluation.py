@@ -76,3 +76,13 @@ def test_a_budget_that_is_never_reached_runs_all_steps() -> None:
     module = make_module(GRPO(group_size=2))
     fit(module, guess_data(batch_size=2, steps=2, max_generated_tokens=10**9))
     assert module.rl_step == 2 and isinstance(module, pl.LightningModule)
+
+
+def test_the_spent_budget_is_saved_in_checkpoints() -> None:
+    module = make_module(GRPO(group_size=2))
+    module.generated_tokens, module.rl_step = 1234, 5
+    checkpoint: dict[str, Any] = {}
+    module.on_save_checkpoint(checkpoint)
+    resumed = make_module(GRPO(group_size=2))
+    resumed.on_load_checkpoint(checkpoint)
+    assert (resumed.generated_tokens, resumed.rl_step) == (1234, 5)
