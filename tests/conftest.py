@@ -23,7 +23,7 @@ def tiny_policy():  # type: ignore[no-untyped-def]
 def smollm2_policy():  # type: ignore[no-untyped-def]
     from agentrl.models.policy import Policy
 
-    return Policy("smollm2-135m-instruct")
+    return Policy("smollm2-135m-instruct", compute_dtype="float32")  # exact engine/trainer agreement is tested
 
 
 @pytest.fixture(scope="session")

@@ -132,3 +132,32 @@ def ppo_loss_ref(
         return sum(sum(v) / len(v) for v in token_losses.values()) / len(token_losses)
     flat = [x for v in token_losses.values() for x in v]
     return sum(flat) / len(flat)
+
+
+def is_weights_ref(log_ratios: list[list[float]], cap_log: float,
+                   mode: str) -> tuple[list[list[float]], list[list[bool]]]:
+    """Behaviour-correction weights turn by turn (each inner list is one turn's tokens, ``log π_old − log π_b``).
+
+    ``tis``: min(r, C), corrected where log r > log C; ``mis``: 1 inside [1/C, C] (inclusive) else 0; ``turn_mis``:
+    the turn's mean log-ratio decides for all its tokens. ``cap_log`` is log C as the caller's dtype rounds it.
+    """
+    weights, corrected = [], []
+    for turn in log_ratios:
+        if mode == "tis":
+            weights.append([min(math.exp(x), math.exp(cap_log)) for x in turn])
+            corrected.append([x > cap_log for x in turn])
+            continue
+        tests = [sum(turn) / len(turn)] * len(turn) if mode == "turn_mis" else turn
+        keep = [-cap_log <= x <= cap_log for x in tests]
+        weights.append([1.0 if k else 0.0 for k in keep])
+        corrected.append([not k for k in keep])
+    return weights, corrected
+
+
+def mismatch_kl_ref(old: list[float], behaviour: list[float]) -> float:
+    """k3 estimate of KL(behaviour ‖ old) from tokens sampled under behaviour: mean of r − 1 − log r, r = old/beh."""
+    terms = []
+    for o, b in zip(old, behaviour, strict=True):
+        r = math.exp(o - b)
+        terms.append(r - 1.0 - math.log(r))
+    return sum(terms) / len(terms)

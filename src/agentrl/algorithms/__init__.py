@@ -14,6 +14,14 @@ from agentrl.algorithms.advantages import (
     turn_gae,
     whiten,
 )
+from agentrl.algorithms.correction import (
+    CorrectionFn,
+    ISWeights,
+    masked_is,
+    mismatch_kl,
+    truncated_is,
+    turn_masked_is,
+)
 from agentrl.algorithms.losses import (
     PolicyLoss,
     ValueLoss,
@@ -30,6 +38,8 @@ from agentrl.algorithms.losses import (
 
 __all__ = [
     "Advantages",
+    "CorrectionFn",
+    "ISWeights",
     "PolicyLoss",
     "ValueLoss",
     "clamp_log_ratio",
@@ -37,16 +47,20 @@ __all__ = [
     "explained_variance",
     "grpo_advantages",
     "kl_k3",
+    "masked_is",
     "masked_mean",
     "masked_moments",
     "masked_var",
+    "mismatch_kl",
     "ppo_policy_loss",
     "sibling_advantages",
     "token_gae",
     "token_log_ratio",
     "token_mean",
+    "truncated_is",
     "turn_gae",
     "turn_log_ratio",
+    "turn_masked_is",
     "turn_mean",
     "whiten",
 ]

@@ -26,6 +26,10 @@ class HFEngineSpec:
         max_context: Context window (default: the model's).
     """
 
+    shares_trainer_code = True
+    """The engine runs the trainer's own modules: in fp32 its log-probs are the trainer's π_old (to about 1e-5), so
+    the trainer need not recompute them (`agentrl.training.mismatch`)."""
+
     def __init__(self, max_batch_size: int = 32, prefix_cache_tokens: int = 32768, max_context: int | None = None):
         if max_batch_size < 1:
             raise ValueError(f"engine.max_batch_size must be >= 1, got {max_batch_size}")

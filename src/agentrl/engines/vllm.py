@@ -8,10 +8,9 @@
 * **Stops.** ``SamplingParams.stop_token_ids=None`` keeps the server's EOS handling; a tuple is sent as
   ``stop_token_ids`` with ``ignore_eos: true``, so the completion stops on exactly those ids, as `HFEngine` does
   (vLLM still adds stop ids from the model's ``generation_config.json``, if it lists any).
-* **Log-probs.** vLLM's default ``--logprobs-mode raw_logprobs`` reports the model's distribution before
-  temperature; agentrl's convention (`agentrl.engines.base`) is after temperature. They agree at temperature 1
-  (the default); for another temperature start vLLM with ``--logprobs-mode processed_logprobs`` and keep top-k and
-  top-p off. ``agentrl serve`` always follows agentrl's convention.
+* **Log-probs.** ``logprobs_mode`` declares the server's ``--logprobs-mode``; with vLLM's default ``raw_logprobs``
+  (before temperature) a temperature other than 1 raises `LogprobsModeError` before any rollout (`preflight`, and
+  every ``generate``); see `agentrl.engines.logprobs_mode`. The trainer recomputes π_old and corrects the rest.
 * **Servers.** Several base URLs can be given; each session (episode) is pinned to one server by a stable hash of
   its id, so its turns hit the server that holds their prefix in cache.
 * **Faults.** ``timeout`` bounds a whole call, retries and backoff included (a server that drips one byte at a
@@ -45,48 +44,24 @@ from typing import Any
 
 import httpx
 
+from agentrl.engines import logprobs_mode as lpm
 from agentrl.engines.base import Completion, RolloutEngine, SamplingParams
+from agentrl.engines.errors import (
+    EngineProtocolError,
+    EngineRequestError,
+    EngineTimeout,
+    EngineUnavailable,
+    FullWeightSyncUnsupported,
+)
+from agentrl.engines.logprobs_mode import LogprobsMode
 from agentrl.types import FinishReason
 
 log = logging.getLogger(__name__)
 API_KEY_ENV = "AGENTRL_API_KEY"
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
-
-
-class EngineUnavailable(RuntimeError):  # noqa: N818 - named for what the user sees: the engine is unavailable
-    """A server did not answer (connection refused, timeout, 5xx) after every retry."""
-
-    def __init__(self, url: str, attempts: int, last_error: str) -> None:
-        super().__init__(f"rollout server {url} is unavailable after {attempts} attempt(s): {last_error}. Is it "
-                         "running and reachable? (model.engine.init_args.base_urls)")
-        self.url = url
-
-
-class EngineTimeout(EngineUnavailable):
-    """A call did not complete within the engine's ``timeout`` (the whole call, retries included)."""
-
-    def __init__(self, url: str, path: str, seconds: float) -> None:
-        RuntimeError.__init__(self, f"rollout server {url} did not complete {path} within timeout={seconds:g} s "
-                              "(the whole call, retries included); not resent. Is it overloaded? "
-                              "(model.engine.init_args.timeout)")
-        self.url = url
-
-
-class EngineRequestError(RuntimeError):
-    """A server refused a request (4xx); the message carries the server's error."""
-
-    def __init__(self, url: str, status: int, message: str) -> None:
-        hint = " (set model.engine.init_args.api_key or AGENTRL_API_KEY)" if status == 401 else ""
-        super().__init__(f"rollout server {url} answered {status}: {message}{hint}")
-        self.url, self.status = url, status
-
-
-class EngineProtocolError(RuntimeError):
-    """A server's answer does not have the shape of vLLM's protocol (or contradicts the request)."""
-
-
-class FullWeightSyncUnsupported(NotImplementedError):  # noqa: N818 - reads as a statement of the limitation
-    """The policy has no LoRA adapter, and full-weight sync to a vLLM server is not implemented."""
+__all__ = ["API_KEY_ENV", "EngineProtocolError", "EngineRequestError", "EngineTimeout", "EngineUnavailable",
+           "FullWeightSyncUnsupported", "VLLMEngine", "VLLMEngineSpec", "completion_request",
+           "parse_completion"]
 
 
 def completion_request(prompt_ids: Sequence[int], sampling: SamplingParams, model: str,
@@ -155,13 +130,18 @@ class VLLMEngine:
         max_context: Context window; default: ``max_model_len`` from ``/v1/models`` (smallest over servers).
         model: Served base model name; default: the first model of ``/v1/models``.
         unload_previous: Unload the previous adapter (and delete its folder) after a push.
+        logprobs_mode: The servers' ``--logprobs-mode`` (``raw_logprobs``, vLLM's default, or
+            ``processed_logprobs``; ``agentrl serve`` is processed).
     """
 
     def __init__(self, base_urls: Sequence[str], *, adapter_dir: str | None = None, api_key: str | None = None,
                  timeout: float = 300.0, connect_timeout: float = 10.0, retries: int = 3, backoff: float = 0.5,
-                 max_context: int | None = None, model: str | None = None, unload_previous: bool = True) -> None:
+                 max_context: int | None = None, model: str | None = None, unload_previous: bool = True,
+                 logprobs_mode: LogprobsMode = "raw_logprobs") -> None:
         if not base_urls:
             raise ValueError("engine.base_urls must list at least one server URL")
+        lpm.check_mode_name(logprobs_mode)
+        self.logprobs_mode = logprobs_mode
         self.base_urls = [u.rstrip("/") for u in base_urls]
         self.adapter_dir = Path(adapter_dir).resolve() if adapter_dir else None
         self.api_key = api_key or os.environ.get(API_KEY_ENV) or None
@@ -177,7 +157,6 @@ class VLLMEngine:
         self._round_robin = itertools.count()
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
-        self._warned_temperature = False
         self._reloading: dict[tuple[str, str], asyncio.Future[None]] = {}
         if logging.getLogger("httpx").level == logging.NOTSET:
             logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per rollout request
@@ -211,10 +190,7 @@ class VLLMEngine:
         room = self._max_context - len(prompt_ids)
         if room <= 0:
             return Completion([], [], "length", policy_version=version, prompt_len=len(prompt_ids))
-        if sampling.temperature not in (0.0, 1.0) and not self._warned_temperature:
-            self._warned_temperature = True
-            log.warning("temperature %s: vLLM's default --logprobs-mode raw_logprobs returns log-probs before "
-                        "temperature; start vLLM with --logprobs-mode processed_logprobs", sampling.temperature)
+        lpm.check_temperature(self.logprobs_mode, sampling.temperature)
         url = self._url_for(session)
         body = completion_request(prompt_ids, sampling, model, min(sampling.max_tokens, room))
         try:
@@ -225,6 +201,21 @@ class VLLMEngine:
             await self._reload_adapter(url, model)  # the server restarted: push the adapter again, resend once
             response = await self._call("POST", url, "/v1/completions", body)
         return parse_completion(_json(response, url, "/v1/completions"), prompt_ids, version)
+
+    async def preflight(self, sampling: SamplingParams) -> None:
+        """Before any rollout: `LogprobsModeError` if the declared log-prob mode does not report sampling at
+        ``sampling.temperature``, or if a server's ``/server_info`` (vLLM dev mode) reports another mode."""
+        lpm.check_temperature(self.logprobs_mode, sampling.temperature)
+        for url in self.base_urls:
+            try:
+                response = await self._call("GET", url, "/server_info?config_format=json")
+            except EngineRequestError:
+                continue  # no dev endpoints (404) or not allowed: the declaration stands
+            try:
+                info = response.json()
+            except ValueError:
+                continue  # not vLLM's endpoint: the declaration stands
+            lpm.check_reported(url, self.logprobs_mode, lpm.reported_mode(info))
 
     async def update_weights(self, policy: Any, *, version: int | None = None) -> None:
         """Save the policy's LoRA adapter and hot-load it on every server as ``agentrl-v<version>``."""
@@ -412,11 +403,14 @@ class VLLMEngineSpec:
         max_context: Context window (default: from ``/v1/models``).
         model: Served base model name (default: the first of ``/v1/models``).
         unload_previous: Unload the previous adapter after each push.
+        logprobs_mode: The servers' ``--logprobs-mode`` (``processed_logprobs`` for a temperature other than 1).
     """
 
     def __init__(self, base_urls: list[str], adapter_dir: str = "adapters", api_key: str | None = None,
                  timeout: float = 300.0, retries: int = 3, backoff: float = 0.5, max_context: int | None = None,
-                 model: str | None = None, unload_previous: bool = True) -> None:
+                 model: str | None = None, unload_previous: bool = True,
+                 logprobs_mode: LogprobsMode = "raw_logprobs") -> None:
+        lpm.check_mode_name(logprobs_mode)
         if not base_urls or any(not u.startswith(("http://", "https://")) for u in base_urls):
             raise ValueError(f"engine.base_urls must be http(s) URLs, got {base_urls!r}")
         if timeout <= 0:
@@ -430,8 +424,14 @@ class VLLMEngineSpec:
         self.base_urls, self.adapter_dir, self.api_key = list(base_urls), adapter_dir, api_key
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
         self.max_context, self.model, self.unload_previous = max_context, model, unload_previous
+        self.logprobs_mode = logprobs_mode
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """The config-time check (`agentrl.training.preflight`): `LogprobsModeError` for a temperature the declared
+        log-prob mode does not report."""
+        lpm.check_temperature(self.logprobs_mode, sampling.temperature)
 
     def build(self, policy: Any) -> RolloutEngine:
         return VLLMEngine(self.base_urls, adapter_dir=self.adapter_dir, api_key=self.api_key, timeout=self.timeout,
                           retries=self.retries, backoff=self.backoff, max_context=self.max_context,
-                          model=self.model, unload_previous=self.unload_previous)
+                          model=self.model, unload_previous=self.unload_previous, logprobs_mode=self.logprobs_mode)

@@ -18,9 +18,11 @@ import torch
 from torch import Tensor, nn
 
 from agentrl.models.loading import SMOLLM2, load_model, stop_token_ids
+from agentrl.models.precision import auto_compute_dtype
 from agentrl.types import TurnBatch
 
 DType = Literal["float32", "bfloat16"]
+ComputeDType = Literal["auto", "float32", "bfloat16"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -79,7 +81,9 @@ class Policy(nn.Module):
         model: Short name (``smollm2-135m-instruct``, ``tiny-random``), hub id, local folder or ``.gguf`` path.
         lora: LoRA settings; None trains every weight.
         dtype: Storage dtype of the weights.
-        compute_dtype: ``bfloat16`` runs forward passes under CPU/GPU autocast; ``float32`` does not.
+        compute_dtype: ``bfloat16`` runs forward passes under CPU/GPU autocast; ``float32`` does not; ``auto`` (the
+            default) picks bfloat16 where a measured bf16 matmul beats fp32 on the model's device
+            (`agentrl.models.precision`); the trainer then recomputes π_old (`agentrl.training.mismatch`).
         gradient_checkpointing: Trade compute for activation memory in training forwards.
         seed: Initialisation seed of random models (``tiny-random``).
     """
@@ -90,17 +94,18 @@ class Policy(nn.Module):
         *,
         lora: LoRASettings | None = None,
         dtype: DType = "float32",
-        compute_dtype: DType = "float32",
+        compute_dtype: ComputeDType = "auto",
         gradient_checkpointing: bool = False,
         seed: int = 0,
     ) -> None:
         super().__init__()
-        if dtype not in _DTYPES or compute_dtype not in _DTYPES:
-            raise ValueError(f"policy.dtype / compute_dtype must be one of {list(_DTYPES)}")
+        if dtype not in _DTYPES or (compute_dtype != "auto" and compute_dtype not in _DTYPES):
+            raise ValueError(f"policy.dtype must be one of {list(_DTYPES)} and policy.compute_dtype one of "
+                             f"{['auto', *_DTYPES]}, got {dtype!r}, {compute_dtype!r}")
         loaded = load_model(model, dtype=_DTYPES[dtype], seed=seed)
         self.name = model
         self.tokenizer = loaded.tokenizer
-        self.compute_dtype = _DTYPES[compute_dtype]
+        self._compute_dtype = None if compute_dtype == "auto" else _DTYPES[compute_dtype]
         self.lora = lora
         lm = loaded.model
         lm.config.use_cache = False
@@ -144,11 +149,20 @@ class Policy(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of forward passes: the configured one, or ``auto``'s choice on the weights' current device."""
+        if self._compute_dtype is not None:
+            return self._compute_dtype
+        device = next(self.model.parameters()).device
+        return auto_compute_dtype(device, self.hidden_size)
+
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.compute_dtype == torch.float32:
+        dtype = self.compute_dtype
+        if dtype == torch.float32:
             return contextlib.nullcontext()
         device = next(self.model.parameters()).device.type
-        return torch.autocast(device_type=device, dtype=self.compute_dtype)
+        return torch.autocast(device_type=device, dtype=dtype)
 
     @contextlib.contextmanager
     def adapter_disabled(self) -> Iterator[None]:

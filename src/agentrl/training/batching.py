@@ -46,6 +46,9 @@ class TurnTargets:
         weight: Loss weight of the turn's tokens (off-policy correction), 1 by default.
         unit: How many aggregation units the turn counts for (1; GRPO's trajectory weighting: 1 / the
             trajectory's turn count), see `agentrl.training.objective`.
+        old_logprobs: π_old of each response token recomputed by the trainer; None takes the engine's recorded
+            (behaviour) log-probs (`agentrl.training.mismatch`).
+        token_weights: Per-token behaviour-correction weights (TIS/MIS), multiplied into ``weight``; None: ones.
     """
 
     advantage: float | list[float]
@@ -54,6 +57,8 @@ class TurnTargets:
     per_token_values: bool = False
     weight: float = 1.0
     unit: float = 1.0
+    old_logprobs: list[float] | None = None
+    token_weights: list[float] | None = None
 
 
 @dataclass
@@ -155,8 +160,8 @@ def collate(rows: Sequence[Row], pad_id: int) -> TurnBatch:
             response[i, s] = True
             turn_ids[i, s] = tid
             tid += 1
-            weights[i, s] = tgt.weight * tgt.unit
-            floats["old_logprobs"][i, s] = torch.tensor(turn.logprobs)
+            weights[i, s] = tgt.weight * tgt.unit * torch.tensor(_as_list(tgt.token_weights or 1.0, n, "weights"))
+            floats["old_logprobs"][i, s] = torch.tensor(_as_list(tgt.old_logprobs or turn.logprobs, n, "logprobs"))
             floats["advantages"][i, s] = torch.tensor(_as_list(tgt.advantage, n, "advantage"))
             if tgt.returns is None:
                 continue

@@ -32,7 +32,7 @@ from agentrl.engines.specs import EngineSpec, HFEngineSpec
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
 from agentrl.seeding import derive_seed
-from agentrl.training import distributed, evaluation, sharding
+from agentrl.training import distributed, evaluation, mismatch, sharding
 from agentrl.training.batching import (
     Row,
     TurnKey,
@@ -184,6 +184,7 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         serving = self._serve_policy()
         self._engine = self.engine_spec.build(serving)
         self._collector = make_collector(self._engine, self.policy.tokenizer)
+        self.run_async(mismatch.engine_preflight(self._engine, self._collector.sampling))  # e.g. vLLM log-prob mode
         self.temperature = self._collector.sampling.temperature or 1.0
         self.run_async(self._engine.update_weights(serving, version=self.policy_version))
 
@@ -317,6 +318,7 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         most_rows = distributed.sync_max(len(rows), self.device)
         if most_rows == 0:
             return {"train/skipped_updates": 1.0}
+        rows, behaviour_stats = mismatch.prepare_update(self, trajectories, rows, ppo)  # π_old, TIS/MIS, metrics
         packed, unpacked = token_counts(rows)
         self._step_stats["packed_tokens"] += packed
         self._step_stats["unpacked_tokens"] += unpacked
@@ -335,7 +337,7 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         steps = ppo.epochs * n_minibatches
         out = {k: v / steps for k, v in totals.items()}
         out["train/skipped_updates"] = totals.get("train/skipped_updates", 0.0)
-        return out
+        return out | behaviour_stats
 
     def _minibatch_step(self, rows: list[Row], ppo: PPOSettings) -> dict[str, float]:
         local = torch.tensor([minibatch_units(rows, ppo), value_units(rows), float(has_signal(rows, ppo))],

@@ -11,8 +11,9 @@ own instantiation, swapping in stand-ins for the three expensive parts:
 * the `AgentRLModule`: its arguments are checked together (`AgentRLModule.check_args`) without building a critic;
 * the loggers: not created (an MLflow logger creates its store when built).
 
-Then it runs the checks that span parts (the batch must hold whole groups of the algorithm). A wrong value raises
-`ConfigError` naming the key; jsonargparse's "Does not validate against any of the Union subtypes" wrapping (from
+Then it runs the checks that span parts (the batch must hold whole groups of the algorithm; a vLLM engine's declared
+log-prob mode must report the sampling temperature's distribution, `agentrl.engines.logprobs_mode`). A wrong value
+raises `ConfigError` naming the key; jsonargparse's "Does not validate against any of the Union subtypes" wrapping (from
 ``OptimSettings | None`` and similar) is unwrapped to the class's own message.
 """
 
@@ -47,6 +48,7 @@ class ModulePlan:
 
     policy: PolicyPlan
     algorithm: Any
+    engine: Any = None
 
 
 def class_keys(cfg: Any, prefix: str = "") -> dict[str, str]:
@@ -103,7 +105,7 @@ def preflight(parser: ArgumentParser, config: Namespace, subcommand: str = "fit"
         except Exception as exc:
             errors.append(str(exc))
             raise
-        return ModulePlan(policy=policy, algorithm=algorithm)
+        return ModulePlan(policy=policy, algorithm=algorithm, engine=kwargs.get("engine"))
 
     def no_logger(cls: type, *args: Any, **kwargs: Any) -> None:
         return None
@@ -119,6 +121,14 @@ def preflight(parser: ArgumentParser, config: Namespace, subcommand: str = "fit"
     module, data = fit.get("model"), fit.get("data")
     if isinstance(module, ModulePlan) and hasattr(data, "configure"):
         try:
-            data.configure(module.algorithm.episodes_per_task)
+            _check_across(module, data)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+
+def _check_across(module: ModulePlan, data: Any) -> None:
+    """The batch holds whole groups; a vLLM engine's declared log-prob mode reports the sampling temperature."""
+    data.configure(module.algorithm.episodes_per_task)
+    check_sampling = getattr(module.engine, "check_sampling", None)
+    if check_sampling is not None and hasattr(data, "sampling"):
+        check_sampling(data.sampling)

@@ -118,6 +118,13 @@ class RTPO(Schedule):
             # update (summed over ranks when logged), so a rank's missing depth must not change the divisor
             if any(name in s for s in per_depth):
                 metrics[name] = sum(s.get(name, 0.0) for s in per_depth) / len(per_depth)
+        for name in ("rollout/logprob_mismatch_kl", "rollout/is_corrected_frac", "rollout/is_weight_mean"):
+            present = [s[name] for s in per_depth if name in s]  # behaviour correction of the siblings' turn k
+            if present:
+                metrics[name] = sum(present) / len(present)
+        diffs = [s["rollout/logprob_max_abs_diff"] for s in per_depth if "rollout/logprob_max_abs_diff" in s]
+        if diffs:
+            metrics["rollout/logprob_max_abs_diff"] = max(diffs)
         metrics["rtpo/depths"] = float(depth)
         return metrics
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from agentrl.algorithms.correction import CorrectionFn, truncated_is
 from agentrl.algorithms.losses import Aggregator, RatioFn, token_log_ratio, token_mean, turn_mean
 
 # Aggregations the trainer can split exactly over micro-batches: the unit each one averages over.
@@ -69,6 +70,15 @@ class PPOSettings:
         aggregate: `agentrl.algorithms.turn_mean` (RTPO Eq. 6) or `agentrl.algorithms.token_mean`; null (the
             default) takes the schedule's own default (token-PPO: token mean; the others: turn mean), so setting
             another ``ppo`` key never changes the aggregation.
+        recompute_old_logprobs: Recompute π_old with the trainer (one no-grad forward per row) before the first
+            epoch of each update, instead of taking the engine's recorded log-probs. None (the default) turns it on
+            whenever the engine is not the trainer's own fp32 code: a vLLM / ``agentrl serve`` engine, or bf16
+            compute (see `agentrl.training.mismatch`).
+        correction: How the gap between the engine's log-probs (behaviour) and the recomputed π_old is corrected
+            per token: `agentrl.algorithms.truncated_is` (TIS, the default), `agentrl.algorithms.masked_is`
+            (token MIS), `agentrl.algorithms.turn_masked_is` (turn MIS), or null (no correction). Applies only when
+            π_old is recomputed.
+        correction_cap: C of the correction: TIS weights are min(π_old/π_b, C); MIS keeps ratios in [1/C, C].
     """
 
     clip_low: float = 0.2
@@ -81,6 +91,9 @@ class PPOSettings:
     value_clip: float | None = 0.2
     ratio: RatioFn = token_log_ratio
     aggregate: Aggregator | None = None
+    recompute_old_logprobs: bool | None = None
+    correction: CorrectionFn | None = truncated_is
+    correction_cap: float = 2.0
 
     def __post_init__(self) -> None:
         _check(0 <= self.clip_low < 1, "ppo.clip_low", "in [0, 1)", self.clip_low)
@@ -94,6 +107,8 @@ class PPOSettings:
         _check(self.value_clip is None or self.value_clip > 0, "ppo.value_clip", "> 0 or null", self.value_clip)
         _check(self.aggregate is None or self.aggregate in AGGREGATION_UNITS, "ppo.aggregate",
                "agentrl.algorithms.turn_mean, agentrl.algorithms.token_mean or null", self.aggregate)
+        _check(math.isfinite(self.correction_cap) and self.correction_cap >= 1, "ppo.correction_cap",
+               "a finite number >= 1", self.correction_cap)
 
     def with_default_aggregate(self, aggregate: Aggregator) -> PPOSettings:
         """These settings with ``aggregate`` filled in when it was left null (an explicit value wins)."""

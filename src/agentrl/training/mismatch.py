@@ -1,0 +1,133 @@
+"""The behaviour policy is not the trainer: recompute π_old, correct the gap, and measure it.
+
+PPO's ratio is π_θ / π_old, where π_old is the policy that the update starts from. The engine's recorded log-probs
+are π_old only when the engine runs the trainer's own fp32 code on the same weights (the embedded `HFEngine` in
+fp32: agreement about 1e-5). A vLLM server samples in bf16 with its own kernels, ``agentrl serve`` decodes with a
+KV cache, and bf16 autocast changes the numbers on either side; the recorded log-probs are then those of a
+*behaviour* policy π_b ≠ π_old. So, before the first epoch of an update:
+
+1. **Recompute π_old** (`recompute_on` decides): one no-grad forward per row, packed exactly like the update's rows
+   (`Learner.logprobs` scores the same turns with the same packing and temperature); the update's ratio then
+   starts at 1 up to the nondeterminism of the trainer's own kernels.
+2. **Correct π_old ≠ π_b** per token with ``ppo.correction`` (`agentrl.algorithms.correction`: TIS by default,
+   token or turn MIS), weights multiplied into the per-token policy loss.
+3. **Measure** (``rollout/*``, over the trained turns' sampled tokens): ``logprob_mismatch_kl`` (k3 estimate of
+   KL(π_b ‖ π_old)), ``logprob_max_abs_diff`` (max |log π_old − log π_b|), ``is_corrected_frac`` (tokens the
+   correction truncated or masked) and ``is_weight_mean``.
+
+Forced turns (RTPO's replayed prefixes) and context-only turns are not trained and so neither recomputed nor
+corrected. RTPO's off-policy-continuation ablation keeps its own downstream weight in ``TurnTargets.weight``; the
+correction multiplies it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import Any, Protocol
+
+import torch
+
+from agentrl.algorithms.correction import mismatch_kl
+from agentrl.training.batching import Row, TurnKey
+from agentrl.training.settings import PPOSettings
+from agentrl.types import Trajectory
+
+Scorer = Callable[[Sequence[Trajectory], Iterable[TurnKey]], dict[TurnKey, list[float]]]
+
+
+class Trainer(Protocol):
+    """What the correction needs of the trainer (`AgentRLModule`)."""
+
+    engine_spec: Any
+    policy: Any
+
+    def logprobs(self, trajectories: Sequence[Trajectory], keys: Iterable[TurnKey]) -> dict[TurnKey, list[float]]:
+        ...
+
+
+async def engine_preflight(engine: Any, sampling: Any) -> None:
+    """The engine's own checks before any rollout, if it has some (`VLLMEngine.preflight`: its log-prob mode
+    against the sampling temperature, `agentrl.engines.logprobs_mode`)."""
+    check = getattr(engine, "preflight", None)
+    if check is not None:
+        await check(sampling)
+
+
+def engine_is_trainer(engine_spec: Any, policy: Any) -> bool:
+    """Whether the engine runs the trainer's own fp32 code on its weights (the recorded log-probs are π_old):
+    an engine spec that says so (``shares_trainer_code``, the embedded HF engine), fp32 weights and fp32 compute
+    (bf16 rounds differently in a KV-cached decode than in the update's full forward)."""
+    fp32_weights = all(p.dtype == torch.float32 for p in policy.model.parameters() if p.is_floating_point())
+    return (bool(getattr(engine_spec, "shares_trainer_code", False)) and fp32_weights
+            and policy.compute_dtype == torch.float32)
+
+
+def recompute_on(ppo: PPOSettings, engine_spec: Any, policy: Any) -> bool:
+    """``ppo.recompute_old_logprobs``, or, when null, whether the engine differs from the trainer."""
+    if ppo.recompute_old_logprobs is not None:
+        return ppo.recompute_old_logprobs
+    return not engine_is_trainer(engine_spec, policy)
+
+
+def trained_keys(rows: Sequence[Row]) -> list[TurnKey]:
+    """Keys of the turns of ``rows`` that have response tokens (the ones the update trains)."""
+    return [key for r in rows for key, turn, _ in r.turns if turn.response_ids]
+
+
+def prepare_update(trainer: Trainer, trajectories: Sequence[Trajectory], rows: list[Row],
+                   ppo: PPOSettings) -> tuple[list[Row], dict[str, float]]:
+    """`with_old_logprobs` with the trainer's own scoring when `recompute_on` says so."""
+    score = trainer.logprobs if recompute_on(ppo, trainer.engine_spec, trainer.policy) else None
+    return with_old_logprobs(trajectories, rows, ppo, score)
+
+
+def with_old_logprobs(trajectories: Sequence[Trajectory], rows: list[Row], ppo: PPOSettings,
+                      score: Scorer | None) -> tuple[list[Row], dict[str, float]]:
+    """``rows`` with π_old recomputed by ``score`` (None: keep the recorded log-probs) and the correction
+    weights in their targets, and the mismatch metrics.
+
+    Every rank must call it when ``score`` is given (scoring is collective under sharded weights).
+    """
+    if score is None:
+        return rows, {}
+    recomputed = score(trajectories, trained_keys(rows))
+    old_all: list[float] = []
+    beh_all: list[float] = []
+    weights: list[float] = []
+    corrected: list[bool] = []
+    out: list[Row] = []
+    for row in rows:
+        turns = []
+        for key, turn, tgt in row.turns:
+            if not turn.response_ids:
+                turns.append((key, turn, tgt))
+                continue
+            old = recomputed[key]
+            old_all += old
+            beh_all += turn.logprobs
+            w = None
+            if ppo.correction is not None:  # one turn per call: turn MIS decides per turn
+                log_ratio = torch.tensor(old, dtype=torch.float64) - torch.tensor(turn.logprobs, dtype=torch.float64)
+                is_w = ppo.correction(log_ratio[None], torch.ones(1, len(old), dtype=torch.bool), None,
+                                      ppo.correction_cap)
+                w = is_w.weights[0].tolist()
+                weights += w
+                corrected += is_w.corrected[0].tolist()
+            turns.append((key, turn, replace(tgt, old_logprobs=old, token_weights=w)))
+        out.append(Row(row.ids, turns))
+    return out, _metrics(old_all, beh_all, weights, corrected)
+
+
+def _metrics(old: list[float], behaviour: list[float], weights: list[float],
+             corrected: list[bool]) -> dict[str, float]:
+    if not old:
+        return {}
+    o = torch.tensor(old, dtype=torch.float64)[None]
+    b = torch.tensor(behaviour, dtype=torch.float64)[None]
+    metrics = {"rollout/logprob_mismatch_kl": float(mismatch_kl(o, b, torch.ones_like(o, dtype=torch.bool))),
+               "rollout/logprob_max_abs_diff": float((o - b).abs().max())}
+    if weights:
+        metrics["rollout/is_corrected_frac"] = sum(corrected) / len(corrected)
+        metrics["rollout/is_weight_mean"] = sum(weights) / len(weights)
+    return metrics
