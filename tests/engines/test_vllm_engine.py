@@ -58,7 +58,7 @@ def test_http_rollouts_equal_the_in_process_engine(served: Server, tiny_policy: 
         SamplingParams(max_tokens=12, seed=3, top_k=7, top_p=0.8, temperature=0.9, stop_token_ids=(40, 77)),
         greedy,
     ]
-    remote, local = _engine(served), HFEngine(tiny_policy)
+    remote, local = _engine(served, logprobs_mode="processed_logprobs"), HFEngine(tiny_policy)  # serve: after T
 
     async def run(engine: VLLMEngine | HFEngine) -> list[Completion]:
         jobs = [engine.generate(prompts[i % 4], sp, session=f"ep{i}") for i, sp in enumerate(cases)]

@@ -45,6 +45,11 @@ CASES: dict[str, tuple[str, list[str], str]] = {
     "micro-batch-tokens-0": (RTPO, ["--model.micro_batch_tokens", "0"], "micro_batch_tokens"),
     "kl-without-lora": (RTPO, ["--model.algorithm.init_args.ppo.kl_coef", "0.1"], "kl_coef"),
     "max-tokens-0": (RTPO, ["--data.sampling.max_tokens", "0"], "sampling.max_tokens"),
+    "vllm-raw-logprobs-at-temperature-0.7": (str(ROOT / "configs/rtpo_vllm.yaml"),
+                                             ["--model.engine.init_args.logprobs_mode", "raw_logprobs"],
+                                             "model.engine.init_args.logprobs_mode"),
+    "correction-cap-0.5": (RTPO, ["--model.algorithm.init_args.ppo.correction_cap", "0.5"], "ppo.correction_cap"),
+    "compute-dtype-float16": (RTPO, ["--model.policy.init_args.compute_dtype", "float16"], "compute_dtype"),
 }
 
 
