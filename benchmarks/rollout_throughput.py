@@ -9,7 +9,8 @@ prompt, question, every earlier reply and a fixed observation), sampling at temp
 
 All figures come from one run, side by side. Usage::
 
-    python benchmarks/rollout_throughput.py [--episodes 16 --turns 4 --max-tokens 48] [--out benchmarks/results]
+    python benchmarks/rollout_throughput.py [--episodes 16 --turns 4 --max-tokens 48] [--dtypes float32 bfloat16]
+        [--concurrency 1 8 32] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,10 +48,11 @@ def observation_ids(tok) -> list[int]:  # type: ignore[no-untyped-def]
                            add_special_tokens=False))
 
 
-def run_naive(policy: Policy, episodes: int, turns: int, max_tokens: int) -> dict[str, float]:
+def run_naive(policy: Policy, episodes: int, turns: int, max_tokens: int) -> dict[str, Any]:
     tok, model = policy.tokenizer, policy.model
     obs = observation_ids(tok)
     generated = 0
+    tokens: list[list[int]] = []
     start = time.perf_counter()
     for e in range(episodes):
         ids = conversation(tok, e)
@@ -61,36 +64,39 @@ def run_naive(policy: Policy, episodes: int, turns: int, max_tokens: int) -> dic
                                      temperature=1.0, top_k=0, top_p=1.0, eos_token_id=policy.stop_token_ids,
                                      pad_token_id=tok.pad_token_id or 0)
             new = out[0, x.shape[1]:].tolist()
+            tokens.append(new)
             generated += len(new)
             ids = ids + new + obs
     seconds = time.perf_counter() - start
-    return {"tokens": generated, "seconds": seconds, "tokens_per_s": generated / seconds}
+    return {"tokens": generated, "seconds": seconds, "tokens_per_s": generated / seconds, "turn_tokens": tokens}
 
 
-def run_engine(policy: Policy, episodes: int, turns: int, max_tokens: int, prefix_cache: bool) -> dict[str, float]:
+def run_engine(policy: Policy, episodes: int, turns: int, max_tokens: int, prefix_cache: bool) -> dict[str, Any]:
     engine = HFEngine(policy, max_batch_size=32, prefix_cache_tokens=65536 if prefix_cache else 0)
     tok = policy.tokenizer
     obs = observation_ids(tok)
 
-    async def episode(e: int) -> int:
-        ids, n = conversation(tok, e), 0
+    async def episode(e: int) -> list[list[int]]:
+        ids, turn_tokens = conversation(tok, e), []
         for t in range(turns):
             out = await engine.generate(ids, SamplingParams(max_tokens=max_tokens, seed=1000 * e + t), session=f"e{e}")
-            n += len(out.token_ids)
+            turn_tokens.append(out.token_ids)
             ids = ids + out.token_ids + obs
-        return n
+        return turn_tokens
 
-    async def run() -> int:
-        return sum(await asyncio.gather(*(episode(e) for e in range(episodes))))
+    async def run() -> list[list[int]]:
+        return [t for ep in await asyncio.gather(*(episode(e) for e in range(episodes))) for t in ep]
 
     start = time.perf_counter()
-    generated = asyncio.run(run())
+    tokens = asyncio.run(run())
+    generated = sum(len(t) for t in tokens)
     seconds = time.perf_counter() - start
     s = engine.stats
     return {"tokens": generated, "seconds": seconds, "tokens_per_s": generated / seconds,
             "prefill_tokens": s.prefill_tokens, "cached_tokens": s.cached_tokens, "decode_steps": s.decode_steps,
-            "prefill_seconds": s.prefill_seconds, "decode_seconds": s.decode_seconds,
-            "mean_decode_batch": s.generated_tokens / max(s.decode_steps, 1)}
+            "prefill_seconds": s.prefill_seconds, "prefill_forwards": s.prefill_forwards,
+            "decode_seconds": s.decode_seconds, "mean_decode_batch": s.generated_tokens / max(s.decode_steps, 1),
+            "turn_tokens": tokens}
 
 
 def run_collector(policy: Policy, concurrency: int, episodes: int, max_tokens: int) -> dict[str, float]:
@@ -120,7 +126,7 @@ def profile_decode(policy: Policy) -> str:
 
     # the engine runs model steps in a worker thread; run them inline here so the profiler (which records the
     # calling thread) sees them — the work is identical, only the thread differs
-    from agentrl.rollout import hf
+    from agentrl.engines import hf
 
     async def inline(fn, *args):  # type: ignore[no-untyped-def]
         return fn(*args)
@@ -130,8 +136,35 @@ def profile_decode(policy: Policy) -> str:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             asyncio.run(run())
     finally:
-        hf.asyncio.to_thread = original  # type: ignore[assignment]
+        hf.asyncio.to_thread = original
     return str(prof.key_averages().table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=40))
+
+
+def compare(policy: Policy, args: argparse.Namespace, *, with_no_reuse: bool) -> dict[str, Any]:
+    """The naive loop and the engine on one policy, side by side; token agreement of the two."""
+    dtype = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
+    naive = run_naive(policy, args.episodes, args.turns, args.max_tokens)
+    print(f"[{dtype}] naive model.generate loop : {naive['tokens']:6d} tokens in {naive['seconds']:7.1f} s = "
+          f"{naive['tokens_per_s']:7.1f} tok/s")
+    out: dict[str, Any] = {"naive": naive}
+    if with_no_reuse:
+        no_cache = run_engine(policy, args.episodes, args.turns, args.max_tokens, prefix_cache=False)
+        print(f"[{dtype}] HFEngine, no prefix reuse : {no_cache['tokens']:6d} tokens in {no_cache['seconds']:7.1f} s "
+              f"= {no_cache['tokens_per_s']:7.1f} tok/s  ({no_cache['tokens_per_s'] / naive['tokens_per_s']:.2f}x)")
+        out["engine_no_prefix_reuse"] = no_cache
+    engine = run_engine(policy, args.episodes, args.turns, args.max_tokens, prefix_cache=True)
+    print(f"[{dtype}] HFEngine                  : {engine['tokens']:6d} tokens in {engine['seconds']:7.1f} s = "
+          f"{engine['tokens_per_s']:7.1f} tok/s  ({engine['tokens_per_s'] / naive['tokens_per_s']:.2f}x)")
+    print(f"  engine time: prefill {engine['prefill_seconds']:.1f} s ({engine['prefill_tokens']} tokens computed in "
+          f"{engine['prefill_forwards']} forwards, {engine['cached_tokens']} reused), decode "
+          f"{engine['decode_seconds']:.1f} s over {engine['decode_steps']} steps (mean batch "
+          f"{engine['mean_decode_batch']:.1f})")
+    same = sum(a == b for a, b in zip(naive.pop("turn_tokens"), engine.pop("turn_tokens"), strict=True))
+    out.get("engine_no_prefix_reuse", {}).pop("turn_tokens", None)
+    print(f"  turns with identical tokens, naive vs engine: {same} of {args.episodes * args.turns}")
+    out.update({"engine": engine, "speedup": engine["tokens_per_s"] / naive["tokens_per_s"],
+                "identical_turns": same, "turns": args.episodes * args.turns})
+    return out
 
 
 def main() -> None:
@@ -139,7 +172,9 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=16)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 32])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 32],
+                        help="collector sweep; give none to skip it (the earlier sweep is kept, marked)")
     parser.add_argument("--collector-episodes", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--no-profile", action="store_true")
@@ -153,33 +188,32 @@ def main() -> None:
         path.write_text(json.dumps(saved, indent=2))
         return
 
-    torch.manual_seed(0)
-    policy = Policy("smollm2-135m-instruct")
-    policy.model.eval()
     machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-    results: dict[str, object] = {"machine": machine, "workload": vars(args) | {"out": str(args.out)}}
+    results: dict[str, Any] = {"machine": machine, "workload": vars(args) | {"out": str(args.out)}}
     print(f"workload: {args.episodes} episodes x {args.turns} turns, <= {args.max_tokens} new tokens per turn")
-    naive = run_naive(policy, args.episodes, args.turns, args.max_tokens)
-    print(f"naive model.generate loop : {naive['tokens']:6d} tokens in {naive['seconds']:7.1f} s = "
-          f"{naive['tokens_per_s']:7.1f} tok/s")
-    no_cache = run_engine(policy, args.episodes, args.turns, args.max_tokens, prefix_cache=False)
-    print(f"HFEngine, no prefix reuse : {no_cache['tokens']:6d} tokens in {no_cache['seconds']:7.1f} s = "
-          f"{no_cache['tokens_per_s']:7.1f} tok/s  ({no_cache['tokens_per_s'] / naive['tokens_per_s']:.2f}x)")
-    engine = run_engine(policy, args.episodes, args.turns, args.max_tokens, prefix_cache=True)
-    print(f"HFEngine                  : {engine['tokens']:6d} tokens in {engine['seconds']:7.1f} s = "
-          f"{engine['tokens_per_s']:7.1f} tok/s  ({engine['tokens_per_s'] / naive['tokens_per_s']:.2f}x)")
-    print(f"  engine time: prefill {engine['prefill_seconds']:.1f} s ({engine['prefill_tokens']} tokens computed, "
-          f"{engine['cached_tokens']} reused), decode {engine['decode_seconds']:.1f} s over {engine['decode_steps']} "
-          f"steps (mean batch {engine['mean_decode_batch']:.1f})")
-    results.update({"naive": naive, "engine_no_prefix_reuse": no_cache, "engine": engine,
-                    "speedup": engine["tokens_per_s"] / naive["tokens_per_s"]})
+    for i, dtype in enumerate(args.dtypes):
+        torch.manual_seed(0)
+        policy = Policy("smollm2-135m-instruct", dtype=dtype)
+        policy.model.eval()
+        section = compare(policy, args, with_no_reuse=i == 0)
+        results[dtype] = section
+        if i == 0:  # the first dtype's figures also at the top level (earlier result files have only these)
+            results.update({k: section[k] for k in ("naive", "engine", "speedup")})
+            if "engine_no_prefix_reuse" in section:
+                results["engine_no_prefix_reuse"] = section["engine_no_prefix_reuse"]
+    if args.concurrency or not args.no_profile:
+        policy = Policy("smollm2-135m-instruct", dtype=args.dtypes[0])
     sweep = []
     for c in args.concurrency:
         r = run_collector(policy, c, args.collector_episodes, args.max_tokens)
         sweep.append(r)
         print(f"collector, {c:2d} concurrent episodes: {r['tokens_per_s']:7.1f} tok/s ({r['tokens']} tokens, "
               f"{r['seconds']:.1f} s)")
-    results["collector"] = sweep
+    if sweep:
+        results["collector"] = sweep
+    elif (args.out / "rollout_throughput.json").is_file():  # not rerun: keep the earlier sweep, marked as such
+        earlier = json.loads((args.out / "rollout_throughput.json").read_text())
+        results["collector_earlier_run"] = earlier.get("collector", earlier.get("collector_earlier_run"))
     if not args.no_profile:
         table = profile_decode(policy)
         print(table)

@@ -177,3 +177,42 @@ def test_cancelled_requests_leave_the_batch_and_the_rest_is_unchanged(tiny_polic
     assert engine.stats.generated_tokens < 4 * 40
     clean = asyncio.run(run(cancel=False))
     assert [c.token_ids for c in kept] == [c.token_ids for c in clean[1:3]]  # seeded: company does not matter
+
+
+def test_batched_prefill_equals_one_at_a_time(tiny_policy: Policy) -> None:
+    """Admitted together, prompts of different lengths, some continuing a stored prefix and some not, are
+    prefilled in one forward and give the tokens (and log-probs) they get when prefilled one by one."""
+    sp = SamplingParams(max_tokens=6, stop_token_ids=())
+
+    async def run(engine: HFEngine) -> list[Completion]:
+        first = await asyncio.gather(*[engine.generate(_prompt(10 + 5 * i, i), sp.with_seed(i), session=f"s{i}")
+                                       for i in range(3)])
+        follow = [_prompt(10 + 5 * i, i) + c.token_ids + _prompt(3 + i, 50 + i) for i, c in enumerate(first)]
+        fresh = [_prompt(7 + 9 * i, 60 + i) for i in range(2)]
+        return await asyncio.gather(*[engine.generate(p, sp.with_seed(10 + i), session=f"s{i}")
+                                      for i, p in enumerate(follow + fresh)])
+
+    batched = HFEngine(tiny_policy)
+    single = HFEngine(tiny_policy, prefill_batch_tokens=1)  # every prompt alone
+    a, b = asyncio.run(run(batched)), asyncio.run(run(single))
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0)
+    assert [o.cached_tokens > 0 for o in a] == [True, True, True, False, False]
+    assert batched.stats.prefill_forwards == 2 and single.stats.prefill_forwards == 8
+
+
+def test_prompts_sharing_a_prefix_reuse_it_within_one_admission(tiny_policy: Policy) -> None:
+    """Siblings admitted together with the same long context: the first computes it, the others wait one wave
+    and reuse its KV instead of recomputing it."""
+    engine = HFEngine(tiny_policy)
+    context = _prompt(60, 3)
+    sp = SamplingParams(max_tokens=4, stop_token_ids=())
+
+    async def run() -> list[Completion]:
+        return await asyncio.gather(*[engine.generate(context, sp.with_seed(i), session=f"sib{i}")
+                                      for i in range(3)])
+
+    outs = asyncio.run(run())
+    assert [o.cached_tokens for o in outs] == [0, 59, 59]
+    assert engine.stats.prefill_tokens == 60 + 1 + 1 and engine.stats.prefill_forwards == 2

@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from agentrl.chat.tools import HermesToolParser
 from agentrl.engines.base import Completion, SamplingParams
@@ -35,6 +36,36 @@ def test_engine_hooks_stop_when_and_step_context(tiny_policy: Policy) -> None:
     cut = asyncio.run(engine.generate([5, 6, 7, 8], sp, stop_when=lambda ids: len(ids) >= 3))
     assert cut.finish_reason == "stop" and cut.token_ids == full.token_ids[:3] and cut.logprobs == full.logprobs[:3]
     assert len(steps) == 2 * 1 + 9 + 2  # every prefill and decode step ran inside the context
+
+
+def test_top_logprobs_come_from_the_sampling_logits_without_another_forward(tiny_policy: Policy) -> None:
+    """``top_logprobs`` are read from the logits each token was sampled from: they equal a teacher-forced scoring
+    of the completion, the sampled token's own log-prob is among them, and only the engine's own prefill and
+    decode steps run the model (no scoring pass; ``generate`` here is what `agentrl serve` calls)."""
+    from agentrl.serve.served_model import ServedModel
+    from agentrl.serve.serving import generate
+
+    served = ServedModel(tiny_policy, "tiny")
+    calls = []
+    hook = tiny_policy.backbone.register_forward_hook(lambda *_: calls.append(1))
+    spec = GenSpec(SamplingParams(max_tokens=6, seed=3, stop_token_ids=()), n=2, top_k=4)
+    prompt = [5, 6, 7, 8, 9]
+    try:
+        gens = asyncio.run(generate(served, served.base, prompt, spec))
+    finally:
+        hook.remove()
+    assert len(calls) == 1 + 5  # one batched prefill of both choices, five decode steps
+    for gen in gens:
+        ids = gen.completion.token_ids
+        assert len(gen.top) == len(ids) == 6 and all(len(t) == 4 for t in gen.top)
+        with torch.no_grad():
+            logits = tiny_policy.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
+        expected = torch.log_softmax(logits, -1).topk(4)
+        for step, top in enumerate(gen.top):
+            assert [t for t, _ in top] == expected.indices[step].tolist()
+            torch.testing.assert_close(torch.tensor([v for _, v in top]), expected.values[step], atol=1e-5, rtol=0)
+            sampled = dict(top).get(ids[step])
+            assert sampled is None or sampled == gen.completion.logprobs[step]
 
 
 @pytest.mark.parametrize("text,end", [

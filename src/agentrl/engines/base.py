@@ -74,6 +74,8 @@ class Completion:
         policy_version: Version of the weights that generated it.
         prompt_len: Number of prompt tokens.
         cached_tokens: Prompt tokens whose KV came from the prefix cache (not recomputed).
+        top_logprobs: Per generated token, the most likely tokens and their log-probs under the same
+            distribution (when the caller asked the engine for them; empty otherwise).
     """
 
     token_ids: list[int]
@@ -83,6 +85,7 @@ class Completion:
     prompt_len: int = 0
     cached_tokens: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 @runtime_checkable

@@ -8,8 +8,11 @@
 * **Prefix KV reuse.** A prompt that starts with the exact token ids of a stored prompt or finished turn reuses
   their KV and prefills only the new tokens (see `agentrl.engines.kvcache.PrefixStore`). In a multi-turn episode
   turn k+1's prompt is turn k's prompt + response + the new observation, so the conversation is not re-read.
-* **Per-request seeded sampling.** Each request samples from its own ``torch.Generator``, so its tokens do not
-  depend on which other requests share the batch.
+* **Batched prefill.** Requests admitted together are prefilled together, several prompts (each continuing its
+  own stored prefix) in one forward pass, instead of one forward per prompt.
+* **Per-request seeded sampling, batched.** Each request samples from its own ``torch.Generator``, so its tokens
+  do not depend on which other requests share the batch; the softmax and the draw run over the whole batch at
+  once (`agentrl.engines.sampling`), giving the same tokens as a per-row ``torch.multinomial``.
 * **A request fails or leaves alone.** An error while prefilling or sampling one request (its stop callback, a
   non-finite distribution) fails that request only; the rest of the batch goes on. Only an error in the batched
   forward pass, which no single request owns, fails every request in flight. A caller that cancels its
@@ -25,22 +28,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
 from agentrl.engines.base import Completion, SamplingParams
-from agentrl.engines.kvcache import KV, BatchKV, PrefixStore, cache_kv, make_cache
+from agentrl.engines.kvcache import KV, BatchKV, PrefixStore, common_prefix_len, prefill_batch, prefill_chunks
+from agentrl.engines.sampling import RowSampling, sample_rows
 from agentrl.models.policy import Policy
 from agentrl.types import FinishReason
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+_WAIT_FOR_SHARED = 32  # a request sharing this many more tokens with an earlier admitted prompt than the store
+                       # offers waits one wave to reuse that prompt's KV (a wave costs one more weight read)
 
 
 @dataclass
@@ -52,8 +58,10 @@ class _Request:
     generator: torch.Generator
     stop: frozenset[int]
     stop_when: Callable[[list[int]], bool] | None = None
+    top_logprobs: int = 0
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
+    out_top: list[list[tuple[int, float]]] = field(default_factory=list)
     cached: int = 0
     finish: FinishReason | None = None
     error: Exception | None = None  # set in the worker thread when this request alone failed
@@ -71,6 +79,7 @@ class EngineStats:
     requests: int = 0
     generated_tokens: int = 0
     prefill_tokens: int = 0
+    prefill_forwards: int = 0
     cached_tokens: int = 0
     decode_steps: int = 0
     cancelled: int = 0
@@ -88,6 +97,7 @@ class HFEngine:
         max_batch_size: Most sequences decoded together.
         prefix_cache_tokens: Token budget of the prefix KV store (0 disables prefix reuse).
         max_context: Context window; defaults to the model's ``max_position_embeddings``.
+        prefill_batch_tokens: Most padded tokens (rows × longest row) prefilled in one forward pass.
         seed: Seed of the generator used by requests without their own seed.
         step_context: Context manager factory entered around every model step, in the worker thread (``agentrl
             serve`` uses it to serialise two engines over one peft model and to switch the adapter off for
@@ -101,11 +111,15 @@ class HFEngine:
         max_batch_size: int = 32,
         prefix_cache_tokens: int = 32768,
         max_context: int | None = None,
+        prefill_batch_tokens: int = 4096,
         seed: int = 0,
         step_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if prefill_batch_tokens < 1:
+            raise ValueError(f"prefill_batch_tokens must be >= 1, got {prefill_batch_tokens}")
+        self._prefill_batch_tokens = prefill_batch_tokens
         self.policy = policy
         self.max_batch_size = max_batch_size
         self._max_context = int(max_context or policy.max_context)
@@ -145,13 +159,19 @@ class HFEngine:
         self._version = self._version + 1 if version is None else int(version)
         self._prefix.clear()
 
+    def drop_prefix_cache(self) -> None:
+        """Forget the stored prefixes and their KV. The trainer calls it before it changes the shared weights
+        (which makes them stale; `update_weights` drops them too), so that the update does not hold them."""
+        self._prefix.clear()
+
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None,
-        stop_when: Callable[[list[int]], bool] | None = None,
+        stop_when: Callable[[list[int]], bool] | None = None, top_logprobs: int = 0,
     ) -> Completion:
-        """See `RolloutEngine.generate`. ``stop_when`` (not part of the protocol) is called with the generated ids
+        """See `RolloutEngine.generate`. Beyond the protocol: ``stop_when`` is called with the generated ids
         after each sampled token, in the worker thread; True ends the completion with ``finish_reason="stop"``
-        (the HTTP server's stop strings)."""
+        (the HTTP server's stop strings). ``top_logprobs`` > 0 also returns, per generated token, that many most
+        likely tokens with their log-probs, read from the logits the token was sampled from."""
         self._ensure_scheduler()
         assert self._loop is not None and self._wakeup is not None
         generator = torch.Generator()
@@ -161,7 +181,8 @@ class HFEngine:
             generator.manual_seed(int(sampling.seed))
         stop = frozenset(sampling.stop_token_ids if sampling.stop_token_ids is not None
                          else self.policy.stop_token_ids)
-        req = _Request(list(prompt_ids), sampling, session, self._loop.create_future(), generator, stop, stop_when)
+        req = _Request(list(prompt_ids), sampling, session, self._loop.create_future(), generator, stop, stop_when,
+                       max(int(top_logprobs), 0))
         self.stats.requests += 1
         if len(req.prompt_ids) == 0:
             raise ValueError("generate: prompt_ids is empty")
@@ -220,8 +241,7 @@ class HFEngine:
                 admitted.append(self._waiting.popleft())
             try:
                 if admitted:
-                    await asyncio.to_thread(self._timed, self._prefill, admitted)
-                    self._active.extend(r for r in admitted if r.error is None)
+                    self._active.extend(await asyncio.to_thread(self._timed, self._prefill, admitted))
                     for req in admitted:
                         if req.error is not None:
                             self._fail(req)
@@ -250,11 +270,11 @@ class HFEngine:
         if not req.future.done():
             req.future.set_exception(req.error)
 
-    def _timed(self, fn: Any, *args: Any) -> None:
+    def _timed(self, fn: Callable[..., T], *args: Any) -> T:
         with self._step_context() if self._step_context is not None else contextlib.nullcontext():
-            self._timed_step(fn, *args)
+            return self._timed_step(fn, *args)
 
-    def _timed_step(self, fn: Any, *args: Any) -> None:
+    def _timed_step(self, fn: Callable[..., T], *args: Any) -> T:
         start = time.perf_counter()
         prefill = fn == self._prefill
         model = self.policy.model
@@ -262,7 +282,7 @@ class HFEngine:
         model.eval()
         try:
             with torch.inference_mode():
-                fn(*args)
+                return fn(*args)
         finally:
             model.train(was_training)
             spent = time.perf_counter() - start
@@ -297,7 +317,8 @@ class HFEngine:
 
     def _completion(self, req: _Request, finish: FinishReason) -> Completion:
         return Completion(token_ids=list(req.out_ids), logprobs=list(req.out_logprobs), finish_reason=finish,
-                          policy_version=self._version, prompt_len=len(req.prompt_ids), cached_tokens=req.cached)
+                          policy_version=self._version, prompt_len=len(req.prompt_ids), cached_tokens=req.cached,
+                          top_logprobs=list(req.out_top))
 
     # ------------------------------------------------------------------ model work (worker thread)
 
@@ -313,33 +334,69 @@ class HFEngine:
             logits = self.policy.lm_head(out.last_hidden_state[:, -1])
         return logits.float()
 
-    def _prefill_one(self, req: _Request) -> None:
-        """Prefill a new request (reusing a stored prefix when one matches), sample its first token, and add it to
-        the decode batch."""
-        cached, kv = self._prefix.lookup(req.prompt_ids)
-        cache = make_cache(self._num_layers, kv)
-        n = len(req.prompt_ids)
-        ids = torch.tensor([req.prompt_ids[cached:]], device=self._device)
-        positions = torch.arange(cached, n, device=self._device).unsqueeze(0)
-        mask = torch.ones(1, n, dtype=torch.long, device=self._device)
-        logits = self._forward(ids, mask, positions, cache)
-        req.cached = cached
-        self.stats.prefill_tokens += n - cached
-        self.stats.cached_tokens += cached
-        prompt_kv: KV = cache_kv(cache)
-        if req.session is not None:
-            stored = [(k.clone(), v.clone()) for k, v in prompt_kv]
-            self._prefix.put(f"{req.session}/prompt", req.prompt_ids, stored)
-        self._sample(req, logits[0])
-        self._batch.add(prompt_kv)  # last: a request that failed above has no row
+    def _prefill(self, requests: list[_Request]) -> list[_Request]:
+        """Prefill newly admitted requests, several per forward pass (up to ``prefill_batch_tokens`` padded
+        tokens), reusing stored prefixes; sample their first tokens and add them to the decode batch.
 
-    def _prefill(self, requests: list[_Request]) -> None:
-        """Prefill each request on its own; one that fails is marked (``error``) and gets no batch row."""
+        A request that shares a long prefix with an earlier one of the same admission (GRPO group members, RTPO
+        siblings) waits for a second wave, in which it reuses that request's freshly stored prompt KV instead of
+        recomputing it. Returns the requests added to the batch, in row order; one that fails is marked
+        (``error``) and gets no row.
+        """
+        first, later = self._split_shared(requests)
+        added: list[_Request] = []
+        sizes = [(item.cached, len(item.req.prompt_ids) - item.cached) for item in first]
+        for rows in prefill_chunks(sizes, self._prefill_batch_tokens):
+            added += self._prefill_chunk([first[i] for i in rows])
+        return added + (self._prefill(later) if later else [])
+
+    def _split_shared(self, requests: list[_Request]) -> tuple[list[_Lookup], list[_Request]]:
+        first: list[_Lookup] = []
+        later: list[_Request] = []
         for req in requests:
+            cached, kv = self._prefix.lookup(req.prompt_ids)
+            shared = max((common_prefix_len(req.prompt_ids, o.req.prompt_ids) for o in first
+                          if o.req.session is not None), default=0)
+            if self._prefix.max_tokens > 0 and min(shared, len(req.prompt_ids) - 1) >= cached + _WAIT_FOR_SHARED:
+                later.append(req)
+            else:
+                first.append(_Lookup(req, cached, kv))
+        return first, later
+
+    def _prefill_chunk(self, chunk: list[_Lookup]) -> list[_Request]:
+        """One batched prefill; if the forward fails, each request is retried alone so the one at fault fails
+        alone."""
+        try:
+            return self._prefill_batch(chunk)
+        except Exception as exc:
+            if len(chunk) == 1:
+                chunk[0].req.error = exc
+                return []
+        added: list[_Request] = []
+        for item in chunk:
             try:
-                self._prefill_one(req)
+                added += self._prefill_batch([item])
             except Exception as exc:
-                req.error = exc
+                item.req.error = exc
+        return added
+
+    def _prefill_batch(self, chunk: list[_Lookup]) -> list[_Request]:
+        reqs = [item.req for item in chunk]
+        batch = prefill_batch([r.prompt_ids for r in reqs], [(item.cached, item.kv) for item in chunk],
+                              self._num_layers, self._device)
+        logits = self._forward(batch.ids, batch.mask, batch.positions, batch.cache)
+        self.stats.prefill_forwards += 1
+        row_kvs = [batch.row_kv(i) for i in range(len(reqs))]  # fresh tensors: the store may keep them as is
+        for req, kv, cached, new in zip(reqs, row_kvs, batch.cached, batch.new, strict=True):
+            req.cached = cached
+            self.stats.prefill_tokens += new
+            self.stats.cached_tokens += cached
+            if req.session is not None:
+                self._prefix.put(f"{req.session}/prompt", req.prompt_ids, kv)
+        self._sample(reqs, logits, skip_cancelled=False)
+        added = [i for i, req in enumerate(reqs) if req.error is None]
+        self._batch.add_many([row_kvs[i] for i in added])  # last: a request that failed above has no row
+        return [reqs[i] for i in added]
 
     def _decode_step(self) -> None:
         assert self._batch.mask is not None
@@ -349,29 +406,34 @@ class HFEngine:
         mask = self._batch.step_mask()
         logits = self._forward(tokens, mask, positions, self._batch.cache)
         self.stats.decode_steps += 1
-        for row, req in enumerate(self._active):
-            if req.future.done():
-                continue  # cancelled meanwhile: retired after this step
-            try:
-                self._sample(req, logits[row])
-            except Exception as exc:  # this request's own fault (stop callback, distribution): it alone fails
-                req.error = exc
+        self._sample(self._active, logits, skip_cancelled=True)
 
-    def _sample(self, req: _Request, logits: Tensor) -> None:
-        """Sample one token for ``req`` from its own generator; record token, log-prob and finish reason."""
+    def _sample(self, reqs: list[_Request], logits: Tensor, *, skip_cancelled: bool) -> None:
+        """Sample one token per request (rows of ``logits``), all rows at once, each from its own generator; an
+        error of one request's own (its distribution, its stop callback) fails it alone."""
+        rows = [i for i, r in enumerate(reqs) if not (skip_cancelled and r.future.done())]  # cancelled: retired
+        if not rows:
+            return
+        specs = [RowSampling(reqs[i].sampling.temperature, reqs[i].sampling.top_k, reqs[i].sampling.top_p,
+                             reqs[i].generator, reqs[i].top_logprobs) for i in rows]
+        out = sample_rows(logits if len(rows) == len(reqs) else logits[rows], specs)
+        for j, i in enumerate(rows):
+            req = reqs[i]
+            error = out.errors[j]
+            if error is None:
+                try:
+                    if req.top_logprobs:
+                        req.out_top.append(out.top[j])
+                    self._record(req, out.tokens[j], out.logprobs[j])
+                except Exception as exc:  # e.g. the stop callback
+                    error = exc
+            req.error = error
+
+    def _record(self, req: _Request, token: int, logprob: float) -> None:
+        """Append a sampled token and its log-prob; set the finish reason if it ends the completion."""
         sp = req.sampling
-        if sp.temperature == 0:
-            logp = torch.log_softmax(logits, -1)
-            token = int(logp.argmax())
-        else:
-            logp = torch.log_softmax(logits / sp.temperature, -1)
-            probs = _truncate(logp.exp(), sp.top_k, sp.top_p)
-            token = int(torch.multinomial(probs, 1, generator=req.generator))
-        if not math.isfinite(float(logp[token])):
-            raise ValueError(f"non-finite log-probability for the sampled token (temperature {sp.temperature}): "
-                             "the logits are not finite")
         req.out_ids.append(token)
-        req.out_logprobs.append(float(logp[token]))
+        req.out_logprobs.append(logprob)
         self.stats.generated_tokens += 1
         if token in req.stop or (req.stop_when is not None and req.stop_when(req.out_ids)):
             req.finish = "stop"
@@ -379,16 +441,10 @@ class HFEngine:
             req.finish = "length"
 
 
-def _truncate(probs: Tensor, top_k: int, top_p: float) -> Tensor:
-    """Zero the probabilities outside the top-k tokens and outside the top-p nucleus (unnormalised is fine for
-    ``torch.multinomial``)."""
-    if top_k > 0 and top_k < probs.numel():
-        kth = torch.topk(probs, top_k).values[-1]
-        probs = torch.where(probs >= kth, probs, 0.0)
-    if top_p < 1.0:
-        sorted_p, order = torch.sort(probs, descending=True)
-        cumulative = sorted_p.cumsum(0)
-        drop = cumulative - sorted_p > top_p * cumulative[-1]
-        probs = probs.clone()
-        probs[order[drop]] = 0.0
-    return probs
+@dataclass
+class _Lookup:
+    """An admitted request and the stored prefix it reuses."""
+
+    req: _Request
+    cached: int
+    kv: KV | None

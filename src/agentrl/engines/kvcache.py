@@ -97,19 +97,26 @@ class BatchKV:
 
     def add(self, kv: KV) -> None:
         """Append one sequence (batch dim 1, no padding) at the end of the batch."""
-        n = kv[0][0].shape[-2]
-        new_mask = torch.ones(1, n, dtype=torch.long, device=kv[0][0].device)
-        if self.cache is None or self.mask is None:
-            self.cache = make_cache(self.num_layers, [(k.contiguous(), v.contiguous()) for k, v in kv])
-            self.mask = new_mask
+        self.add_many([kv])
+
+    def add_many(self, kvs: list[KV]) -> None:
+        """Append sequences (each batch dim 1, no padding) at the end of the batch, in order, with one copy of the
+        batch cache (adding them one by one would copy it once per sequence)."""
+        if not kvs:
             return
-        S = self.mask.shape[1]
-        width = max(S, n)
+        lengths = [kv[0][0].shape[-2] for kv in kvs]
+        device = kvs[0][0][0].device
+        masks = [torch.ones(1, n, dtype=torch.long, device=device) for n in lengths]
+        old: KV = []
+        if self.cache is not None and self.mask is not None:
+            old, masks = cache_kv(self.cache), [self.mask, *masks]
+        width = max(m.shape[1] for m in masks)
         merged = []
-        for (bk, bv), (k, v) in zip(cache_kv(self.cache), kv, strict=True):
-            merged.append((torch.cat([_left_pad(bk, width), _left_pad(k, width)], 0),
-                           torch.cat([_left_pad(bv, width), _left_pad(v, width)], 0)))
-        self.mask = torch.cat([_left_pad(self.mask, width), _left_pad(new_mask, width)], 0)
+        for layer in range(self.num_layers):
+            parts = ([old[layer]] if old else []) + [kv[layer] for kv in kvs]
+            merged.append((torch.cat([_left_pad(k, width) for k, _ in parts], 0),
+                           torch.cat([_left_pad(v, width) for _, v in parts], 0)))
+        self.mask = torch.cat([_left_pad(m, width) for m in masks], 0)
         self.cache = make_cache(self.num_layers, merged)
 
     def keep(self, rows: list[int]) -> None:
@@ -149,6 +156,88 @@ def _left_pad(x: Tensor, width: int) -> Tensor:
     shape = list(x.shape)
     shape[dim] = missing
     return torch.cat([x.new_zeros(shape), x], dim)
+
+
+@dataclass
+class PrefillBatch:
+    """Inputs of one batched prefill of several prompts, each continuing its own cached prefix (or none).
+
+    Row i holds its ``cached[i]`` reused tokens right-aligned in the first ``C = max(cached)`` cache columns and
+    its ``new[i]`` tokens to prefill right-aligned in the last ``N = max(new)`` columns; the mask hides the gaps,
+    and position ids run from ``cached[i]`` as if the row were alone.
+    """
+
+    ids: Tensor  # (B, N) new tokens, left-padded with id 0
+    positions: Tensor  # (B, N)
+    mask: Tensor  # (B, C + N) 1 for real tokens
+    cache: DynamicCache  # holds (B, heads, C, head_dim) before the forward, C + N after
+    cached: list[int]
+    new: list[int]
+
+    def row_kv(self, row: int) -> KV:
+        """Row ``row``'s prompt KV after the forward, without padding (batch dim 1, fresh tensors)."""
+        cols = self.mask[row].nonzero().squeeze(1)
+        return [(k[row : row + 1].index_select(2, cols), v[row : row + 1].index_select(2, cols))
+                for k, v in cache_kv(self.cache)]
+
+
+def prefill_batch(prompts: list[list[int]], prefixes: list[tuple[int, KV | None]], num_layers: int,
+                  device: torch.device) -> PrefillBatch:
+    """Assemble a `PrefillBatch` from prompts and their `PrefixStore.lookup` results."""
+    cached = [c for c, _ in prefixes]
+    new = [len(p) - c for p, c in zip(prompts, cached, strict=True)]
+    B, C, N = len(prompts), max(cached), max(new)
+    ids = torch.zeros(B, N, dtype=torch.long)
+    positions = torch.zeros(B, N, dtype=torch.long)
+    mask = torch.zeros(B, C + N, dtype=torch.long)
+    for i, (prompt, c, n) in enumerate(zip(prompts, cached, new, strict=True)):
+        ids[i, N - n:] = torch.tensor(prompt[c:], dtype=torch.long)
+        positions[i, N - n:] = torch.arange(c, c + n)
+        mask[i, C - c : C] = 1
+        mask[i, C + N - n:] = 1
+    kv: KV | None = None
+    if C > 0:
+        like = next(kv for c, kv in prefixes if c == C and kv is not None)
+        kv = []
+        for layer in range(num_layers):
+            ks, vs = [], []
+            for c, row in prefixes:
+                if row is None or c == 0:
+                    empty = like[layer][0][:, :, :0]
+                    ks.append(_left_pad(empty, C))
+                    vs.append(_left_pad(empty, C))
+                else:
+                    ks.append(_left_pad(row[layer][0], C))
+                    vs.append(_left_pad(row[layer][1], C))
+            kv.append((torch.cat(ks, 0), torch.cat(vs, 0)))
+    cache = make_cache(num_layers, kv)
+    return PrefillBatch(ids.to(device), positions.to(device), mask.to(device), cache, cached, new)
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """Number of leading ids ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def prefill_chunks(sizes: list[tuple[int, int]], budget: int) -> list[list[int]]:
+    """Split rows of (cached, new) tokens, in order, into prefill batches of at most ``budget`` padded tokens
+    (rows × (most cached + most new)); a row larger than the budget goes alone. Returns row indices."""
+    chunks: list[list[int]] = []
+    chunk: list[int] = []
+    width_c = width_n = 0
+    for i, (cached, new) in enumerate(sizes):
+        c, n = max(width_c, cached), max(width_n, new)
+        if chunk and (len(chunk) + 1) * (c + n) > budget:
+            chunks.append(chunk)
+            chunk, c, n = [], cached, new
+        chunk.append(i)
+        width_c, width_n = c, n
+    return chunks + ([chunk] if chunk else [])
 
 
 @dataclass

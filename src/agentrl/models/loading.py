@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from agentrl.models.memory import release_memory
+
 log = logging.getLogger(__name__)
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -177,6 +179,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, spec: str) -> LoadedModel:
             "architectures it supports (llama, mistral, qwen2, ...); convert other models to safetensors."
         ) from exc
     _forget_gguf_quantization(model)
+    release_memory()  # the GGUF reader's buffers and the de-quantised copies are garbage now
     return LoadedModel(model, tokenizer, spec)
 
 

@@ -305,25 +305,3 @@ class ServedModel:
         with self._lock, torch.no_grad():
             for name, tensor in tensors.items():
                 params[name].copy_(tensor.to(params[name].dtype))
-
-    # ------------------------------------------------------------------ scoring (top log-probs)
-
-    async def top_logprobs(self, base: bool, prompt_ids: list[int], out_ids: list[int], temperature: float,
-                           k: int) -> list[list[tuple[int, float]]]:
-        """The ``k`` most likely tokens and their log-probs at each generated position (teacher-forced)."""
-        if k <= 0 or not out_ids:
-            return [[] for _ in out_ids]
-        return await asyncio.to_thread(self._score, base, prompt_ids, out_ids, temperature, k)
-
-    def _score(self, base: bool, prompt_ids: list[int], out_ids: list[int], temperature: float,
-               k: int) -> list[list[tuple[int, float]]]:
-        step = self.base_step if base else self.adapter_step
-        device = next(self.policy.model.parameters()).device
-        ids = torch.tensor([prompt_ids + out_ids[:-1]], device=device)
-        with step(), torch.inference_mode():
-            hidden = self.policy.hidden_states(ids, torch.ones_like(ids))[0, len(prompt_ids) - 1:]
-            with self.policy.autocast():
-                logits = self.policy.lm_head(hidden)
-        logp = torch.log_softmax(logits.float() / (temperature or 1.0), -1)
-        values, indices = logp.topk(min(k, logp.shape[-1]), -1)
-        return [list(zip(i.tolist(), v.tolist(), strict=True)) for i, v in zip(indices, values, strict=True)]

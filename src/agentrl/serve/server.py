@@ -110,8 +110,8 @@ async def _completions(served: ServedModel, req: CompletionRequest) -> Completio
     prompts = _prompts(req, served)
     max_tokens = 16 if req.max_tokens is None else req.max_tokens  # vLLM: null means the default, 16
     specs = [gen_spec(req, served, len(p), max_tokens, req.logprobs or 0) for p in prompts]
-    async with served.engine_for(req.model) as (engine, base):
-        gens = await asyncio.gather(*(generate(served, engine, base, p, s) for p, s in zip(prompts, specs,
+    async with served.engine_for(req.model) as (engine, _base):
+        gens = await asyncio.gather(*(generate(served, engine, p, s) for p, s in zip(prompts, specs,
                                                                                           strict=True)))
     tok, as_ids = served.tokenizer, bool(req.return_tokens_as_token_ids)
     choices = [
@@ -140,8 +140,8 @@ async def _chat(served: ServedModel, req: ChatCompletionRequest, parser: HermesT
     spec = gen_spec(req, served, len(prompt), req.max_completion_tokens or req.max_tokens,
                     (req.top_logprobs or 0) if req.logprobs else 0)
     spec.stop_when = forced_stop(served.tokenizer, choice)
-    async with served.engine_for(req.model) as (engine, base):
-        gens = await generate(served, engine, base, prompt, spec)
+    async with served.engine_for(req.model) as (engine, _base):
+        gens = await generate(served, engine, prompt, spec)
     choices = []
     for j, g in enumerate(gens):
         message, finish = chat_message(g, choice, prefix, parser)

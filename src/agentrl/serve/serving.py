@@ -10,7 +10,7 @@ Semantics follow vLLM where it has them:
 * ``stop_token_ids`` add to the model's EOS tokens; ``ignore_eos`` removes those.
 * ``logprobs`` (completions) gives each sampled token's log-prob and, in ``top_logprobs``, the sampled token
   followed by the most likely ones, ``logprobs + 1`` entries at most; chat's ``top_logprobs: k`` lists k entries.
-  The alternatives are scored by a teacher-forced pass over the completion (only when k > 0).
+  The engine reads the alternatives from the same logits it samples from (no second forward pass).
 * Log-probs are those of `agentrl.engines.base` (after temperature, before top-k/top-p), which is vLLM's
   ``--logprobs-mode processed_logprobs`` when top-k and top-p are off, and its default ``raw_logprobs`` at
   temperature 1.
@@ -126,7 +126,7 @@ def stop_string_check(tokenizer: Any, stops: list[str], skip_special: bool) -> C
     return check
 
 
-async def generate(served: ServedModel, engine: HFEngine, base: bool, prompt_ids: list[int],
+async def generate(served: ServedModel, engine: HFEngine, prompt_ids: list[int],
                    spec: GenSpec) -> list[Generation]:
     """Sample ``spec.n`` choices concurrently (one decode batch) and present them as vLLM does."""
     checks = [c for c in (stop_string_check(served.tokenizer, spec.stops, spec.skip_special), spec.stop_when) if c]
@@ -139,10 +139,9 @@ async def generate(served: ServedModel, engine: HFEngine, base: bool, prompt_ids
     async def one(i: int) -> Generation:
         seed = None if spec.sampling.seed is None else spec.sampling.seed + i
         out = await engine.generate(prompt_ids, spec.sampling.with_seed(seed), session=f"{session}/{i}",
-                                    stop_when=stop_when if checks else None)
+                                    stop_when=stop_when if checks else None, top_logprobs=spec.top_k)
         text, reason = present_text(served.tokenizer, out, spec)
-        top = await served.top_logprobs(base, prompt_ids, out.token_ids, spec.sampling.temperature, spec.top_k)
-        return Generation(out, text, reason, top)
+        return Generation(out, text, reason, out.top_logprobs or [[] for _ in out.token_ids])
 
     return list(await asyncio.gather(*(one(i) for i in range(spec.n))))
 

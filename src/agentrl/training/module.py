@@ -32,7 +32,7 @@ from agentrl.engines.specs import EngineSpec, HFEngineSpec
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
 from agentrl.seeding import derive_seed
-from agentrl.training import distributed, evaluation, mismatch, sharding
+from agentrl.training import distributed, evaluation, memory, mismatch, sharding
 from agentrl.training.batching import (
     Row,
     TurnKey,
@@ -95,7 +95,7 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         engine: EngineSpec | None = None,
         optim: OptimSettings | None = None,
         critic: CriticSettings | None = None,
-        micro_batch_tokens: int = 4096,
+        micro_batch_tokens: int = 1024,
         pack_turns: bool = True,
         peak_flops: float | None = None,
         seed: int = 0,
@@ -313,6 +313,7 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         units, and gradients are summed (not averaged) across ranks before the optimizer step. Every rank runs
         the same number of optimizer steps, with or without rows of its own.
         """
+        memory.before_update(self)
         rows = pack_rows(trajectories, targets, pack=self.pack_turns)
         rows = [r for r in rows if any(t.response_ids for _, t, _ in r.turns)]
         most_rows = distributed.sync_max(len(rows), self.device)
@@ -334,6 +335,7 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
                 for k, v in stats.items():
                     totals[k] += v
         self._step_stats["train_seconds"] += time.perf_counter() - start
+        memory.after_update(self)
         steps = ppo.epochs * n_minibatches
         out = {k: v / steps for k, v in totals.items()}
         out["train/skipped_updates"] = totals.get("train/skipped_updates", 0.0)

@@ -1,0 +1,150 @@
+"""LoRA push time: one weight push from the trainer to a running ``agentrl serve``, the way training does it.
+
+Starts ``agentrl serve`` on SmolLM2-135M-Instruct with the shipped LoRA shape (``configs/rtpo_vllm.yaml``: r = 8,
+alpha = 16, q_proj and v_proj) on 127.0.0.1, builds the trainer-side policy with the same LoRA, and times
+``VLLMEngine.update_weights`` (save the adapter with ``save_pretrained``, ``POST /v1/load_lora_adapter``, unload
+the previous adapter) several times, with its parts timed apart. The adapter's weights change between pushes (as
+after an update), and a completion after each push checks that the server serves the new version. The first push
+also pays one-off costs (``/v1/models`` lookup, first imports on both sides).
+
+Usage::
+
+    python benchmarks/lora_push.py [--pushes 5] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from agentrl.engines import vllm
+from agentrl.engines.base import SamplingParams
+from agentrl.engines.vllm import VLLMEngine
+from agentrl.models.policy import LoRASettings, Policy
+
+MODEL = "smollm2-135m-instruct"
+LORA = LoRASettings(r=8, alpha=16, target_modules=["q_proj", "v_proj"])
+
+
+def start_server(root: Path) -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "agentrl.cli", "serve", "--model", MODEL, "--port", str(port), "--lora-rank",
+           str(LORA.r), "--lora-alpha", str(LORA.alpha), "--lora-target-modules", *LORA.target_modules,
+           "--lora-modules-root", str(root), "--log-level", "warning"]
+    log = (root / "serve.log").open("wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"agentrl serve exited: {(root / 'serve.log').read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    proc.terminate()
+    raise RuntimeError("agentrl serve did not become healthy in 300 s")
+
+
+def perturb(policy: Policy, step: int) -> None:
+    """Change every LoRA B matrix (as an update would), so each push carries new weights."""
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.add_(torch.full_like(p, 1e-3 * (step + 1)))
+
+
+class Timed:
+    """Wraps a function and adds the seconds each call takes to ``self.seconds``."""
+
+    def __init__(self, fn: Any, is_async: bool) -> None:
+        self.fn, self.is_async, self.seconds = fn, is_async, 0.0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.is_async:
+            return self._acall(*args, **kwargs)
+        start = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    async def _acall(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return await self.fn(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+async def pushes(policy: Policy, url: str, root: Path, n: int) -> list[dict[str, float]]:
+    engine = VLLMEngine([url], adapter_dir=str(root / "adapters"))
+    prompt = list(policy.tokenizer.encode("Guess a number between 1 and 10."))
+    rows = []
+    for i in range(n):
+        perturb(policy, i)
+        save = Timed(vllm._save_adapter, is_async=False)
+        load, unload = Timed(engine._load, is_async=True), Timed(engine._unload, is_async=True)
+        vllm._save_adapter, engine._load, engine._unload = save, load, unload  # type: ignore[method-assign]
+        start = time.perf_counter()
+        await engine.update_weights(policy)
+        total = time.perf_counter() - start
+        vllm._save_adapter, engine._load, engine._unload = save.fn, load.fn, unload.fn  # type: ignore[method-assign]
+        out = await engine.generate(prompt, SamplingParams(max_tokens=4, seed=0))
+        rows.append({"push_seconds": total, "save_seconds": save.seconds, "load_http_seconds": load.seconds,
+                     "unload_http_seconds": unload.seconds, "served_version": out.policy_version})
+        print(f"push {i}: {total:.3f} s (save_pretrained {save.seconds:.3f} s, load over HTTP {load.seconds:.3f} s, "
+              f"unload the previous {unload.seconds:.3f} s); served version {out.policy_version}")
+    await engine.shutdown()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pushes", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        proc, url = start_server(root)
+        try:
+            policy = Policy(MODEL, lora=LORA)
+            rows = asyncio.run(pushes(policy, url, root, args.pushes))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    adapter_params = sum(p.numel() for n, p in policy.model.named_parameters() if "lora_" in n)
+    result: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+        "model": MODEL, "lora": {"r": LORA.r, "alpha": LORA.alpha, "target_modules": LORA.target_modules},
+        "adapter_parameters": adapter_params, "pushes": rows,
+        "median_push_seconds": statistics.median(r["push_seconds"] for r in rows),
+        "max_push_seconds": max(r["push_seconds"] for r in rows),
+    }
+    print(f"LoRA push ({adapter_params} adapter parameters): median {result['median_push_seconds']:.3f} s, "
+          f"max {result['max_push_seconds']:.3f} s over {len(rows)} pushes")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "lora_push.json").write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out / 'lora_push.json'}")
+
+
+if __name__ == "__main__":
+    main()

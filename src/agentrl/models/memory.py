@@ -1,0 +1,39 @@
+"""Give freed memory back to the operating system between the phases of a run.
+
+PyTorch frees CPU tensors with ``free``; glibc keeps much of what is freed inside the process (in the heap and in
+per-thread arenas: the embedded engine's forward passes run in worker threads, so the rollout KV and the training
+activations live in different arenas and neither reuses the other's free space). Without a trim the resident set
+stays at the sum of the phases' peaks (rollouts + update + GGUF de-quantisation) rather than their maximum.
+`release_memory` runs the garbage collector and then glibc's ``malloc_trim(0)``, which returns the free pages of
+every arena; elsewhere (musl, macOS, Windows) it only collects garbage.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import gc
+from collections.abc import Callable
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+def release_memory() -> bool:
+    """Collect garbage and return free heap pages to the OS. True when glibc's ``malloc_trim`` ran."""
+    gc.collect()
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True

@@ -1,0 +1,31 @@
+"""Memory hand-offs around an update: what the rollouts held is given back before the update's peak, and what
+the update held (activations, gradients) before the next rollouts.
+
+The trainer's peak is the update (weights, gradients, AdamW state, activations of one micro-batch). Before it,
+the embedded engine's prefix KV cache is dropped (the update makes it stale; the weight push would drop it
+anyway) and freed heap pages go back to the OS (`agentrl.models.memory.release_memory`). After it, the gradients
+are freed (the next minibatch would reset them anyway) and the pages are given back again, so the rollouts that
+follow, which run in engine worker threads with their own allocator arenas, do not stack on top of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from agentrl.models.memory import release_memory
+
+
+def before_update(module: Any) -> None:
+    """Drop the embedded engine's prefix cache (stale once the weights change) and return freed memory."""
+    drop = getattr(getattr(module, "_engine", None), "drop_prefix_cache", None)
+    if callable(drop):
+        drop()
+    release_memory()
+
+
+def after_update(module: nn.Module) -> None:
+    """Free the gradients (the next minibatch starts by resetting them) and return freed memory."""
+    module.zero_grad(set_to_none=True)
+    release_memory()
