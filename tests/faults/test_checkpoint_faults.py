@@ -138,3 +138,15 @@ def test_full_disk_leaves_the_previous_checkpoint_whole(tmp_path: Path, monkeypa
     _trainer(folder, keep_steps, max_steps=4).fit(resumed, ckpt_path="last")
     assert resumed.rl_step == 4
     assert torch.load(folder / "last.ckpt", weights_only=True, map_location="cpu")["rl_step"] == 4
+
+
+def test_a_checkpoint_that_cannot_be_pickled_leaves_the_previous_one_and_no_partial_file(tmp_path: Path) -> None:
+    from agentrl.training.checkpoint_io import PARTIAL_SUFFIX, AtomicCheckpointIO
+
+    target = tmp_path / "last.ckpt"
+    io_ = AtomicCheckpointIO()
+    io_.save_checkpoint({"step": 1}, target)
+    with pytest.raises(Exception):  # noqa: B017 - whatever pickle raises for a lambda
+        io_.save_checkpoint({"step": 2, "bad": lambda: None}, target)
+    assert torch.load(target, weights_only=True) == {"step": 1}
+    assert not list(tmp_path.glob(f"*{PARTIAL_SUFFIX}"))
