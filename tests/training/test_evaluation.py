@@ -18,6 +18,7 @@ class Recorder(Logger):
     def __init__(self) -> None:
         super().__init__()
         self.rows: list[tuple[int | None, dict[str, float]]] = []
+        self.params: dict[str, Any] = {}
 
     @property
     def name(self) -> str:
@@ -28,7 +29,8 @@ class Recorder(Logger):
         return "0"
 
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        return None
+        if isinstance(params, dict):
+            self.params.update(params)
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.rows.append((step, dict(metrics)))
@@ -52,6 +54,7 @@ def test_the_run_stops_at_the_first_step_that_spends_the_budget_and_evaluates_on
     assert points[1:-1] == crossed  # one evaluation each time a multiple of 30 tokens is crossed (before the end)
     for m in evals:  # greedy evaluation played the same held-out tasks
         assert m["eval/greedy_episodes"] == m["eval/episodes"] == 3
+    assert logger.params["resolved/compute_dtype"] == "float32"  # what `auto` chose (the tiny model: fp32)
 
 
 def test_greedy_evaluation_is_repeatable_and_sampled_evaluation_follows_the_seed() -> None:
