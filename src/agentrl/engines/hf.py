@@ -8,8 +8,7 @@
 * **Prefix KV reuse.** A prompt that starts with the exact token ids of a stored prompt or finished turn reuses
   their KV and prefills only the new tokens (see `agentrl.engines.kvcache.PrefixStore`). In a multi-turn episode
   turn k+1's prompt is turn k's prompt + response + the new observation, so the conversation is not re-read.
-* **Batched prefill.** Requests admitted together are prefilled together, several prompts (each continuing its
-  own stored prefix) in one forward pass, instead of one forward per prompt.
+* **Batched prefill.** Requests admitted together are prefilled in one forward (each on its own stored prefix).
 * **Per-request seeded sampling, batched.** Each request samples from its own ``torch.Generator``, so its tokens
   do not depend on which other requests share the batch; the softmax and the draw run over the whole batch at
   once (`agentrl.engines.sampling`), giving the same tokens as a per-row ``torch.multinomial``.
@@ -19,8 +18,7 @@
   ``generate`` (the HTTP server does when the client disconnects) has its request dropped from the queue or the
   decode batch before the next step, which frees its KV rows (``stats.cancelled`` counts them).
 
-The forward passes run in a worker thread (``asyncio.to_thread``) so that agents' tool calls and environment
-steps proceed on the event loop meanwhile.
+Forward passes run in a worker thread (``asyncio.to_thread``): tool calls and env steps go on meanwhile.
 """
 
 from __future__ import annotations
@@ -102,6 +100,7 @@ class HFEngine:
         step_context: Context manager factory entered around every model step, in the worker thread (``agentrl
             serve`` uses it to serialise two engines over one peft model and to switch the adapter off for
             base-model requests).
+        autocast: Decode under the policy's compute dtype (its autocast); False decodes in the weights' dtype.
     """
 
     def __init__(
@@ -114,6 +113,7 @@ class HFEngine:
         prefill_batch_tokens: int = 4096,
         seed: int = 0,
         step_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+        autocast: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -127,7 +127,7 @@ class HFEngine:
         self._num_layers = int(policy.backbone.config.num_hidden_layers)
         self._prefix = PrefixStore(prefix_cache_tokens)
         self._rng = torch.Generator().manual_seed(seed)
-        self._step_context = step_context
+        self._step_context, self._autocast = step_context, autocast
         self._waiting: deque[_Request] = deque()
         self._active: list[_Request] = []
         self._batch = BatchKV(self._num_layers)
@@ -328,7 +328,7 @@ class HFEngine:
 
     def _forward(self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: Any) -> Tensor:
         """Logits (B, V) of the last position."""
-        with self.policy.autocast():
+        with self.policy.autocast() if self._autocast else contextlib.nullcontext():
             out = self.policy.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                                        cache=cache, use_cache=True)
             logits = self.policy.lm_head(out.last_hidden_state[:, -1])
