@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 
 from agentrl.agents.base import Outcome, Task
 from agentrl.agents.env_agent import EnvAgent
@@ -63,3 +65,19 @@ def fit(module: AgentRLModule, data: RolloutDataModule, callbacks: list[pl.Callb
                          **trainer_kw)
     trainer.fit(module, datamodule=data)
     return trainer
+
+
+def fit_in_process(cwd: Path, args: list[str], capsys: pytest.CaptureFixture[str],
+                   monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    """``agentrl fit`` in this process (its entry point, `fit_main`): exit code, stdout, stderr. The same code as
+    the command without the interpreter start (10 s each); the libraries' logging of this process is left as is."""
+    from agentrl.training.cli import fit_main
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr("agentrl.training.cli.quiet_libraries", lambda: None)
+    try:
+        code = fit_main(args)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    out = capsys.readouterr()
+    return code, out.out, out.err

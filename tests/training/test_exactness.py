@@ -49,6 +49,7 @@ def _one_process(tmp_path: Path, schedule: str) -> dict[str, object]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("exactness")  # one worker computes the one-process references once (`_one_process`)
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 @pytest.mark.parametrize("schedule", ["grpo", "turn_ppo", "token_ppo", "rtpo"])
 def test_two_ranks_make_the_one_process_update(tmp_path: Path, schedule: str, strategy: str) -> None:

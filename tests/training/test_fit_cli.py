@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.training.helpers import fit_in_process
+
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
 SMOKE = ["grpo", "turn_ppo", "token_ppo", "rtpo"]
 
 
@@ -109,13 +110,16 @@ def test_stop_and_resume_reproduce_the_uninterrupted_run(tmp_path: Path) -> None
             assert b[step] == pytest.approx(a[step], rel=1e-4, abs=1e-5), (key, step)
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=[str(c.relative_to(ROOT)) for c in CONFIGS])
-def test_every_shipped_config_parses(config: Path, tmp_path: Path) -> None:
-    proc = _fit(tmp_path, "--config", str(config), "--print_config", timeout=120)
+def test_print_config_shows_the_resolved_config(tmp_path: Path) -> None:
+    """One shipped config through the real command; every shipped config is parsed and checked in process by
+    `tests/training/test_fit_output.py::test_every_shipped_config_passes_the_checks_before_work`."""
+    proc = _fit(tmp_path, "--config", str(ROOT / "configs/rtpo.yaml"), "--print_config", timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "class_path" in proc.stdout
+    assert "class_path: agentrl.training.rtpo.RTPO" in proc.stdout
+    assert list(tmp_path.iterdir()) == []  # printing the config starts nothing
 
 
+@pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 @pytest.mark.parametrize(
     "args,expected",
     [
@@ -127,12 +131,23 @@ def test_every_shipped_config_parses(config: Path, tmp_path: Path) -> None:
     ],
     ids=["negative-lr", "unknown-key", "wrong-type", "batch-smaller-than-group"],
 )
-def test_bad_config_stops_before_work_naming_the_key(tmp_path: Path, args: list[str], expected: str) -> None:
-    proc = _fit(tmp_path, "--config", str(ROOT / "configs/smoke/turn_ppo.yaml"), *args, timeout=120)
+def test_bad_config_stops_before_work_naming_the_key(tmp_path: Path, args: list[str], expected: str,
+                                                     capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, err = fit_in_process(tmp_path, ["--config", str(ROOT / "configs/smoke/turn_ppo.yaml"), *args],
+                                    capsys, monkeypatch)
+    assert code != 0
+    assert expected in err
+    assert "step 1:" not in out + err and "evaluation on" not in out + err  # no rollout, not even the base evaluation
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_bad_config_fails_the_command_naming_the_key(tmp_path: Path) -> None:
+    """The same through the real command: a non-zero exit status and the key on stderr."""
+    proc = _fit(tmp_path, "--config", str(ROOT / "configs/smoke/turn_ppo.yaml"), "--model.optim.lr", "-0.001",
+                timeout=120)
     assert proc.returncode != 0
-    assert expected in proc.stderr
-    out = proc.stderr + proc.stdout
-    assert "step 1:" not in out and "evaluation on" not in out  # no rollout, not even the base evaluation
+    assert "optim.lr must be a positive number" in proc.stderr
     assert not (tmp_path / "checkpoints").exists()
 
 

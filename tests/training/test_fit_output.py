@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.training.keys import normalize_argv
+from tests.training.helpers import fit_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = str(ROOT / "configs/smoke/rtpo.yaml")
@@ -81,10 +82,13 @@ def test_agentrl_verbose_brings_the_libraries_output_back(tmp_path: Path) -> Non
     (["--data.agent.init_args.env.init_args.format_penalty", "-2"], "format_penalty: -2"),
 ], ids=["null-below-class_path", "null-with-equals", "null-two-levels-down", "negative-exponent",
         "negative-fraction", "negative-below-class_path"])
-def test_null_and_negative_numbers_on_the_command_line(tmp_path: Path, args: list[str], shown: str) -> None:
-    proc = _fit(tmp_path, "--config", SMOKE, *args, "--print_config", timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert shown in proc.stdout
+@pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
+def test_null_and_negative_numbers_on_the_command_line(tmp_path: Path, args: list[str], shown: str,
+                                                       capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, err = fit_in_process(tmp_path, ["--config", SMOKE, *args, "--print_config"], capsys, monkeypatch)
+    assert code == 0, err[-2000:]
+    assert shown in out
 
 
 def test_normalize_argv_keeps_meaning() -> None:

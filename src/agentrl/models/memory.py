@@ -4,8 +4,10 @@ PyTorch frees CPU tensors with ``free``; glibc keeps much of what is freed insid
 per-thread arenas: the embedded engine's forward passes run in worker threads, so the rollout KV and the training
 activations live in different arenas and neither reuses the other's free space). Without a trim the resident set
 stays at the sum of the phases' peaks (rollouts + update + GGUF de-quantisation) rather than their maximum.
-`release_memory` runs the garbage collector and then glibc's ``malloc_trim(0)``, which returns the free pages of
-every arena; elsewhere (musl, macOS, Windows) it only collects garbage.
+`release_memory` runs the garbage collector on the young generations (the phase's own garbage: a full collection
+walks every object of the process, 0.45 s in a test process, which made it 75 % of a tiny model's step) and then
+glibc's ``malloc_trim(0)``, which returns the free pages of every arena; elsewhere (musl, macOS, Windows) it only
+collects garbage.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 def release_memory() -> bool:
-    """Collect garbage and return free heap pages to the OS. True when glibc's ``malloc_trim`` ran."""
-    gc.collect()
+    """Collect the young generations' garbage and return free heap pages to the OS. True when glibc's
+    ``malloc_trim`` ran."""
+    gc.collect(1)
     trim = _malloc_trim()
     if trim is None:
         return False
