@@ -16,6 +16,7 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from agentrl.models.loading import SMOLLM2, load_model, stop_token_ids
 from agentrl.models.precision import auto_compute_dtype
@@ -24,6 +25,7 @@ from agentrl.types import TurnBatch
 DType = Literal["float32", "bfloat16"]
 ComputeDType = Literal["auto", "float32", "bfloat16"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+LOGIT_CHUNK_ROWS = 256  # scored positions per LM-head chunk (see `Policy.logprobs_from_hidden`)
 
 
 @dataclass
@@ -193,37 +195,65 @@ class Policy(nn.Module):
 
     def logprobs_from_hidden(
         self, hidden: Tensor, input_ids: Tensor, positions: Tensor, *, temperature: float = 1.0,
-        with_entropy: bool = False,
+        with_entropy: bool = False, entropy_grad: bool = True,
     ) -> LogProbs:
         """Log-probs of ``input_ids`` at the True ``positions`` (N, L) from hidden states (N, L, H).
 
-        Token t is scored from the hidden state at t − 1, so position 0 is never scored.
+        Token t is scored from the hidden state at t − 1, so position 0 is never scored. The vocabulary
+        projection runs on `LOGIT_CHUNK_ROWS` scored positions at a time and, when gradients are on, each chunk is
+        recomputed in the backward pass (activation checkpointing) instead of keeping its (rows × vocabulary)
+        logits: for SmolLM2 that is 196 KB per scored token and per saved tensor in fp32, the largest activation
+        of the update. ``entropy_grad=False`` computes the entropy without a graph (it is then only logged).
         """
         if bool(positions[:, 0].any()):
             raise ValueError("position 0 has no context and cannot be scored")
         pred_mask = torch.zeros_like(positions)
         pred_mask[:, :-1] = positions[:, 1:]
         h = hidden[pred_mask]  # (M, H): the state before each scored token
-        with self.autocast():
-            logits = self.lm_head(h)
-        logits = logits.float() / temperature
-        logp_all = torch.log_softmax(logits, dim=-1)
         targets = input_ids[positions]
+        checkpointed = torch.is_grad_enabled() and h.requires_grad and h.shape[0] > 0
+        parts: list[tuple[Tensor, Tensor | None]] = []
+        # no scored position still runs the head once on zero rows: the loss keeps its graph through every layer
+        # (sharded ranks must all run the same backward, see `agentrl.training.sharding`)
+        for start in range(0, h.shape[0], LOGIT_CHUNK_ROWS) if h.shape[0] else [0]:
+            rows = (h[start:start + LOGIT_CHUNK_ROWS], targets[start:start + LOGIT_CHUNK_ROWS])
+            if checkpointed:
+                parts.append(checkpoint(self._score_rows, *rows, temperature, with_entropy, entropy_grad,
+                                        use_reentrant=False))
+            else:
+                parts.append(self._score_rows(*rows, temperature, with_entropy, entropy_grad))
         logp = torch.zeros(positions.shape, dtype=torch.float32, device=hidden.device)
-        logp = logp.masked_scatter(positions, logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+        logp = logp.masked_scatter(positions, torch.cat([lp for lp, _ in parts]))
         entropy = None
         if with_entropy:
-            ent = -(logp_all.exp() * logp_all).sum(-1)
-            entropy = torch.zeros_like(logp).masked_scatter(positions, ent)
+            entropy = torch.zeros_like(logp).masked_scatter(positions,
+                                                            torch.cat([e for _, e in parts if e is not None]))
         return LogProbs(logp, entropy)
+
+    def _score_rows(
+        self, h: Tensor, targets: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-prob of each target (and the entropy) from hidden states ``h`` (M, H) through the LM head."""
+        with self.autocast():
+            logits = self.lm_head(h)
+        logits = logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        logp_all = torch.log_softmax(logits, dim=-1)
+        logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        entropy = None
+        if with_entropy:
+            with contextlib.nullcontext() if entropy_grad else torch.no_grad():
+                entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return logp, entropy
 
     def token_logprobs(
         self, input_ids: Tensor, attention_mask: Tensor, positions: Tensor, *, temperature: float = 1.0,
-        with_entropy: bool = False,
+        with_entropy: bool = False, entropy_grad: bool = True,
     ) -> LogProbs:
         hidden = self.hidden_states(input_ids, attention_mask)
         return self.logprobs_from_hidden(hidden, input_ids, positions, temperature=temperature,
-                                         with_entropy=with_entropy)
+                                         with_entropy=with_entropy, entropy_grad=entropy_grad)
 
     def logprobs(self, batch: TurnBatch, *, temperature: float = 1.0, with_entropy: bool = False) -> LogProbs:
         """Log-probs (and entropy) of the response tokens of a `TurnBatch`, aligned with ``old_logprobs``."""

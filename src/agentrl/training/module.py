@@ -95,7 +95,7 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         engine: EngineSpec | None = None,
         optim: OptimSettings | None = None,
         critic: CriticSettings | None = None,
-        micro_batch_tokens: int = 1024,
+        micro_batch_tokens: int = 256,
         pack_turns: bool = True,
         peak_flops: float | None = None,
         seed: int = 0,

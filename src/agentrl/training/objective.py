@@ -40,7 +40,7 @@ def ppo_objective(
     """
     hidden = policy.hidden_states(batch.input_ids, batch.attention_mask)
     lp = policy.logprobs_from_hidden(hidden, batch.input_ids, batch.response_mask, temperature=temperature,
-                                     with_entropy=True)
+                                     with_entropy=True, entropy_grad=ppo.entropy_coef > 0)
     pl_out = ppo_policy_loss(
         lp.logprobs, batch.old_logprobs, batch.advantages, batch.response_mask, clip_low=ppo.clip_low,
         clip_high=ppo.clip_high, turn_ids=batch.turn_ids, ratio=ppo.ratio, aggregate=ppo.aggregator,
