@@ -183,7 +183,7 @@ def main() -> None:
     if args.only_profile:
         path = args.out / "rollout_throughput.json"
         saved = json.loads(path.read_text())
-        saved["profile_top_ops"] = profile_decode(Policy("smollm2-135m-instruct"))
+        saved["profile_top_ops"] = profile_decode(Policy("smollm2-135m-instruct", compute_dtype="float32"))
         print(saved["profile_top_ops"])
         path.write_text(json.dumps(saved, indent=2))
         return
@@ -193,7 +193,9 @@ def main() -> None:
     print(f"workload: {args.episodes} episodes x {args.turns} turns, <= {args.max_tokens} new tokens per turn")
     for i, dtype in enumerate(args.dtypes):
         torch.manual_seed(0)
-        policy = Policy("smollm2-135m-instruct", dtype=dtype)
+        # equal dtype on both sides: the weights' dtype is also the compute dtype (no `auto` bf16 autocast in
+        # the engine while the naive `model.generate` loop runs in the weights' dtype)
+        policy = Policy("smollm2-135m-instruct", dtype=dtype, compute_dtype=dtype)
         policy.model.eval()
         section = compare(policy, args, with_no_reuse=i == 0)
         results[dtype] = section
@@ -202,7 +204,7 @@ def main() -> None:
             if "engine_no_prefix_reuse" in section:
                 results["engine_no_prefix_reuse"] = section["engine_no_prefix_reuse"]
     if args.concurrency or not args.no_profile:
-        policy = Policy("smollm2-135m-instruct", dtype=args.dtypes[0])
+        policy = Policy("smollm2-135m-instruct", dtype=args.dtypes[0], compute_dtype=args.dtypes[0])
     sweep = []
     for c in args.concurrency:
         r = run_collector(policy, c, args.collector_episodes, args.max_tokens)
