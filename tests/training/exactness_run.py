@@ -92,12 +92,19 @@ def fixed_schedule(base: type, batches: list[list[Trajectory]], **kw: Any) -> An
     return Fixed(**kw)
 
 
-def _score_logprobs(module: Any, trajs: list[Trajectory]) -> None:
-    """Behaviour log-probs = the initial policy's, one turn at a time (ratios start at 1: real gradients)."""
+MISMATCH_SCHEDULES = ("turn_ppo", "rtpo")  # run with ``--mismatch`` too (the one-process references of ``all``)
+
+
+def _score_logprobs(module: Any, trajs: list[Trajectory], mismatch: bool = False) -> None:
+    """Behaviour log-probs = the initial policy's, one turn at a time (ratios start at 1: real gradients).
+
+    ``mismatch``: shifted per token by -1, -0.5, 0, 0.5 or 1 nats (a behaviour policy that is not the trainer),
+    so that recomputing π_old matters and the TIS cap (2) truncates some tokens (ratio e^1 > 2)."""
     for traj in trajs:
         lp = module.logprobs([traj], keys_of([traj]))
         for turn in traj.turns:
-            turn.logprobs = lp[(0, turn.index)]
+            turn.logprobs = [x + (((turn.index + i) % 5) - 2) / 2 if mismatch else x
+                             for i, x in enumerate(lp[(0, turn.index)])]
 
 
 class GradLog(pl.Callback):
@@ -138,6 +145,8 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=1)
     ap.add_argument("--strategy", default="ddp")
     ap.add_argument("--rollouts", action="store_true")
+    ap.add_argument("--mismatch", action="store_true",
+                    help="behaviour log-probs that differ from the trainer's: π_old recomputed, TIS-corrected")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     if args.schedule == "all":  # the one-process references, one interpreter start for all four
@@ -145,13 +154,15 @@ def main() -> None:
             raise SystemExit("--schedule all runs on one process only")
         for name in sorted(SCHEDULES):
             run(name, 1, args.strategy, args.rollouts, Path(f"{args.out}.{name}.pt"))
+        for name in MISMATCH_SCHEDULES:
+            run(name, 1, args.strategy, args.rollouts, Path(f"{args.out}.{name}.mismatch.pt"), mismatch=True)
         return
-    run(args.schedule, args.devices, args.strategy, args.rollouts, args.out)
+    run(args.schedule, args.devices, args.strategy, args.rollouts, args.out, mismatch=args.mismatch)
 
 
-def run(name: str, devices: int, strategy: str, rollouts: bool, out: Path) -> None:
+def run(name: str, devices: int, strategy: str, rollouts: bool, out: Path, *, mismatch: bool = False) -> None:
     rank, world = int(os.environ.get("LOCAL_RANK", "0")), devices
-    kw: dict[str, Any] = {"ppo": PPOSettings(epochs=2)}
+    kw: dict[str, Any] = {"ppo": PPOSettings(epochs=2, recompute_old_logprobs=True if mismatch else None)}
     if name in ("grpo", "rtpo"):
         kw["group_size"] = 3
     if rollouts:
@@ -171,7 +182,7 @@ def run(name: str, devices: int, strategy: str, rollouts: bool, out: Path) -> No
     module = make_module(schedule, micro_batch_tokens=64, optim=None)
     if not rollouts:
         for batch in batches:
-            _score_logprobs(module, batch)
+            _score_logprobs(module, batch, mismatch)
     grads = GradLog()
     trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=_strategy(strategy, world),
                          max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,

@@ -29,9 +29,11 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def _step(tmp_path: Path, schedule: str, devices: int, strategy: str = "ddp") -> dict[str, object]:
+def _step(tmp_path: Path, schedule: str, devices: int, strategy: str = "ddp", *,
+          mismatch: bool = False) -> dict[str, object]:
     out = tmp_path / f"{schedule}-{devices}-{strategy}.pt"
-    _run(tmp_path, "--schedule", schedule, "--devices", str(devices), "--strategy", strategy, "--out", str(out))
+    _run(tmp_path, "--schedule", schedule, "--devices", str(devices), "--strategy", strategy, "--out", str(out),
+         *(["--mismatch"] if mismatch else []))
     return torch.load(out, weights_only=True)  # type: ignore[no-any-return]
 
 
@@ -45,7 +47,20 @@ def _one_process(tmp_path: Path, schedule: str) -> dict[str, object]:
         _run(tmp_path, "--schedule", "all", "--devices", "1", "--out", str(out))
         for name in ("grpo", "turn_ppo", "token_ppo", "rtpo"):
             _ONE_PROCESS[name] = torch.load(f"{out}.{name}.pt", weights_only=True)
+        for name in ("turn_ppo", "rtpo"):
+            _ONE_PROCESS[f"{name}.mismatch"] = torch.load(f"{out}.{name}.mismatch.pt", weights_only=True)
     return _ONE_PROCESS[schedule]
+
+
+def _assert_same_update(one: dict[str, object], two: dict[str, object], steps: int) -> None:
+    assert len(one["grads"]) == len(two["grads"]) == steps  # type: ignore[arg-type]
+    for g1, g2 in zip(one["grads"], two["grads"], strict=True):  # type: ignore[call-overload]
+        assert g1.keys() == g2.keys()
+        assert max(g.abs().max().item() for g in g1.values()) > 1e-3  # a real gradient, not zeros on both sides
+        for name in g1:
+            assert (g1[name] - g2[name]).abs().max().item() <= 1e-6, name
+    p1, p2 = one["params"], two["params"]
+    assert max((p1[n] - p2[n]).abs().max().item() for n in p1) <= 1e-6  # type: ignore[index]
 
 
 @pytest.mark.slow
@@ -56,19 +71,28 @@ def test_two_ranks_make_the_one_process_update(tmp_path: Path, schedule: str, st
     """``fsdp``: FSDP2 (decoder layers sharded) through Lightning's ModelParallelStrategy."""
     one, two = _one_process(tmp_path, schedule), _step(tmp_path, schedule, 2, strategy)
     # 2 epochs; × 2 optimizers (policy, critic) for the PPO schedules; × 3 depths for RTPO
-    steps = {"grpo": 2, "turn_ppo": 4, "token_ppo": 4, "rtpo": 6}[schedule]
-    assert len(one["grads"]) == len(two["grads"]) == steps  # type: ignore[arg-type]
-    for g1, g2 in zip(one["grads"], two["grads"], strict=True):  # type: ignore[call-overload]
-        assert g1.keys() == g2.keys()
-        assert max(g.abs().max().item() for g in g1.values()) > 1e-3  # a real gradient, not zeros on both sides
-        for name in g1:
-            assert (g1[name] - g2[name]).abs().max().item() <= 1e-6, name
-    p1, p2 = one["params"], two["params"]
-    assert max((p1[n] - p2[n]).abs().max().item() for n in p1) <= 1e-6  # type: ignore[index]
+    _assert_same_update(one, two, {"grpo": 2, "turn_ppo": 4, "token_ppo": 4, "rtpo": 6}[schedule])
     # the step's logged metrics describe both ranks' trajectories
     assert one["metrics"]["rollout/reward"] == pytest.approx(two["metrics"]["rollout/reward"])  # type: ignore[index]
     assert one["metrics"]["train/policy_loss"] == pytest.approx(two["metrics"]["train/policy_loss"],  # type: ignore[index]
                                                                 rel=1e-4, abs=1e-8)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("exactness")
+@pytest.mark.parametrize(("schedule", "strategy"), [("turn_ppo", "ddp"), ("rtpo", "fsdp")])
+def test_two_ranks_recompute_and_correct_as_one_process_does(tmp_path: Path, schedule: str, strategy: str) -> None:
+    """Behaviour log-probs shifted by up to ±1 nat: each rank recomputes π_old for its own rows (under FSDP a
+    collective forward), TIS truncates the same tokens, and the update and the logged mismatch metrics are the
+    one-process ones (the maximum gap is the maximum over the ranks, the means are token-weighted)."""
+    one, two = _one_process(tmp_path, f"{schedule}.mismatch"), _step(tmp_path, schedule, 2, strategy, mismatch=True)
+    _assert_same_update(one, two, {"turn_ppo": 4, "rtpo": 6}[schedule])
+    m1, m2 = one["metrics"], two["metrics"]
+    assert m1["rollout/logprob_max_abs_diff"] == pytest.approx(1.0, abs=1e-4)  # type: ignore[index]
+    assert 0 < m1["rollout/is_corrected_frac"] < 1  # type: ignore[index]  # some tokens truncated, not all
+    for name in ("rollout/recomputed_tokens", "rollout/logprob_max_abs_diff", "rollout/logprob_mismatch_kl",
+                 "rollout/is_corrected_frac", "rollout/is_weight_mean"):
+        assert m2[name] == pytest.approx(m1[name], rel=1e-6, abs=1e-6), name  # type: ignore[index]
 
 
 @pytest.mark.slow

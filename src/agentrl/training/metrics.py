@@ -9,7 +9,11 @@ the process group Lightning set up:
   `agentrl.training.objective`), so their sum over ranks is the one-process value;
 * **weighted means** — per-episode means (``rollout/reward``, ``success``, …) weighted by the rank's non-failed
   episodes, per-turn means by its sampled turns, RTPO per-depth means by its siblings at that depth;
+* **maxima** — ``*max_abs_diff`` (the largest behaviour/π_old log-prob gap on any rank);
 * **plain means** — everything else (timings, identical-on-every-rank values such as ``train/grad_norm``).
+
+The behaviour-correction means (``rollout/logprob_mismatch_kl``, ``is_corrected_frac``, ``is_weight_mean``) are
+per-token means weighted by the rank's recomputed tokens (``rollout/recomputed_tokens``, summed).
 
 A metric missing on some rank (no episodes there) counts with weight 0. On one process nothing changes.
 """
@@ -21,17 +25,19 @@ import re
 
 import torch
 import torch.distributed as dist
-from torchmetrics.aggregation import MeanMetric, SumMetric
+from torchmetrics.aggregation import MaxMetric, MeanMetric, SumMetric
 
 from agentrl.training import distributed
 
 _PARTIAL = ("policy_loss", "approx_kl", "clipfrac", "entropy", "value_loss", "value_clipfrac", "kl_ref")
 _SUMMED = re.compile(
-    r"^(?:[a-z]+/(?:episodes|ok_episodes|sampled_turns)|perf/generated_tokens|rtpo/depth\d+/siblings"
+    r"^(?:[a-z]+/(?:episodes|ok_episodes|sampled_turns)|perf/generated_tokens|rollout/recomputed_tokens"
+    r"|rtpo/depth\d+/siblings"
     r"|(?:train|rtpo/depth\d+)/(?:" + "|".join(_PARTIAL) + r"))$"
 )
 _PER_EPISODE = ("reward", "success", "turns", "truncated")
 _PER_TURN = ("tokens_per_turn", "length_finish")
+_PER_RECOMPUTED_TOKEN = ("logprob_mismatch_kl", "is_corrected_frac", "is_weight_mean")
 
 
 def weight_key(name: str) -> str | None:
@@ -41,6 +47,8 @@ def weight_key(name: str) -> str | None:
         return f"{prefix}/ok_episodes"
     if prefix in ("rollout", "eval") and leaf in _PER_TURN:
         return f"{prefix}/sampled_turns"
+    if prefix == "rollout" and leaf in _PER_RECOMPUTED_TOKEN:
+        return "rollout/recomputed_tokens"
     if prefix.startswith("rtpo/depth") and leaf not in _PARTIAL and leaf != "siblings":
         return f"{prefix}/siblings"
     return None
@@ -48,6 +56,10 @@ def weight_key(name: str) -> str | None:
 
 def is_summed(name: str) -> bool:
     return bool(_SUMMED.match(name))
+
+
+def is_max(name: str) -> bool:
+    return name.endswith("max_abs_diff")
 
 
 def reduce_across_ranks(metrics: dict[str, float]) -> dict[str, float]:
@@ -65,6 +77,11 @@ def reduce_across_ranks(metrics: dict[str, float]) -> dict[str, float]:
             total = SumMetric()
             total.update(torch.tensor(value if present else 0.0, dtype=torch.float64))
             out[name] = float(total.compute())
+            continue
+        if is_max(name):
+            top = MaxMetric(nan_strategy="ignore")
+            top.update(torch.tensor(value if present else -math.inf, dtype=torch.float64))
+            out[name] = float(top.compute())
             continue
         key = weight_key(name)
         weight = (metrics.get(key, 0.0) if key is not None else 1.0) if present else 0.0

@@ -13,7 +13,8 @@ KV cache, and bf16 autocast changes the numbers on either side; the recorded log
    token or turn MIS), weights multiplied into the per-token policy loss.
 3. **Measure** (``rollout/*``, over the trained turns' sampled tokens): ``logprob_mismatch_kl`` (k3 estimate of
    KL(π_b ‖ π_old)), ``logprob_max_abs_diff`` (max |log π_old − log π_b|), ``is_corrected_frac`` (tokens the
-   correction truncated or masked) and ``is_weight_mean``.
+   correction truncated or masked), ``is_weight_mean`` and ``recomputed_tokens`` (the count these are over; on
+   several ranks the means are weighted by it and the maximum is the maximum over the ranks).
 
 Forced turns (RTPO's replayed prefixes) and context-only turns are not trained and so neither recomputed nor
 corrected. RTPO's off-policy-continuation ablation keeps its own downstream weight in ``TurnTargets.weight``; the
@@ -126,7 +127,8 @@ def _metrics(old: list[float], behaviour: list[float], weights: list[float],
     o = torch.tensor(old, dtype=torch.float64)[None]
     b = torch.tensor(behaviour, dtype=torch.float64)[None]
     metrics = {"rollout/logprob_mismatch_kl": float(mismatch_kl(o, b, torch.ones_like(o, dtype=torch.bool))),
-               "rollout/logprob_max_abs_diff": float((o - b).abs().max())}
+               "rollout/logprob_max_abs_diff": float((o - b).abs().max()),
+               "rollout/recomputed_tokens": float(len(old))}
     if weights:
         metrics["rollout/is_corrected_frac"] = sum(corrected) / len(corrected)
         metrics["rollout/is_weight_mean"] = sum(weights) / len(weights)

@@ -118,10 +118,15 @@ class RTPO(Schedule):
             # update (summed over ranks when logged), so a rank's missing depth must not change the divisor
             if any(name in s for s in per_depth):
                 metrics[name] = sum(s.get(name, 0.0) for s in per_depth) / len(per_depth)
-        for name in ("rollout/logprob_mismatch_kl", "rollout/is_corrected_frac", "rollout/is_weight_mean"):
-            present = [s[name] for s in per_depth if name in s]  # behaviour correction of the siblings' turn k
-            if present:
-                metrics[name] = sum(present) / len(present)
+        # behaviour correction of the siblings' turn k, over every depth's recomputed tokens (token-weighted, as
+        # one update over all of them would report it)
+        counted = [s for s in per_depth if s.get("rollout/recomputed_tokens", 0.0) > 0]
+        if counted:
+            tokens = sum(s["rollout/recomputed_tokens"] for s in counted)
+            metrics["rollout/recomputed_tokens"] = tokens
+            for name in ("rollout/logprob_mismatch_kl", "rollout/is_corrected_frac", "rollout/is_weight_mean"):
+                if any(name in s for s in counted):
+                    metrics[name] = sum(s.get(name, 0.0) * s["rollout/recomputed_tokens"] for s in counted) / tokens
         diffs = [s["rollout/logprob_max_abs_diff"] for s in per_depth if "rollout/logprob_max_abs_diff" in s]
         if diffs:
             metrics["rollout/logprob_max_abs_diff"] = max(diffs)
