@@ -98,13 +98,14 @@ MISMATCH_SCHEDULES = ("turn_ppo", "rtpo")  # run with ``--mismatch`` too (the on
 def _score_logprobs(module: Any, trajs: list[Trajectory], mismatch: bool = False) -> None:
     """Behaviour log-probs = the initial policy's, one turn at a time (ratios start at 1: real gradients).
 
-    ``mismatch``: shifted per token by -1, -0.5, 0, 0.5 or 1 nats (a behaviour policy that is not the trainer),
-    so that recomputing π_old matters and the TIS cap (2) truncates some tokens (ratio e^1 > 2)."""
+    ``mismatch``: shifted per token by -1, -0.5, 0, 0.5 or 1 nats in group 0 (a behaviour policy that is not the
+    trainer), so that recomputing π_old matters and the TIS cap (2) truncates some tokens (ratio e^1 > 2), and by
+    half that in the other groups (on two ranks, rank 0's largest gap is 1 nat and rank 1's 0.5)."""
     for traj in trajs:
         lp = module.logprobs([traj], keys_of([traj]))
+        scale = (1.0 if traj.group == 0 else 0.5) if mismatch else 0.0
         for turn in traj.turns:
-            turn.logprobs = [x + (((turn.index + i) % 5) - 2) / 2 if mismatch else x
-                             for i, x in enumerate(lp[(0, turn.index)])]
+            turn.logprobs = [x + scale * (((turn.index + i) % 5) - 2) / 2 for i, x in enumerate(lp[(0, turn.index)])]
 
 
 class GradLog(pl.Callback):

@@ -88,7 +88,9 @@ def test_two_ranks_recompute_and_correct_as_one_process_does(tmp_path: Path, sch
     one, two = _one_process(tmp_path, f"{schedule}.mismatch"), _step(tmp_path, schedule, 2, strategy, mismatch=True)
     _assert_same_update(one, two, {"turn_ppo": 4, "rtpo": 6}[schedule])
     m1, m2 = one["metrics"], two["metrics"]
-    assert m1["rollout/logprob_max_abs_diff"] == pytest.approx(1.0, abs=1e-4)  # type: ignore[index]
+    # the planted shift is at most 1 nat; RTPO's later depths recompute after the earlier depths' updates moved the
+    # weights a little
+    assert m1["rollout/logprob_max_abs_diff"] == pytest.approx(1.0, abs=1e-2)  # type: ignore[index]
     assert 0 < m1["rollout/is_corrected_frac"] < 1  # type: ignore[index]  # some tokens truncated, not all
     for name in ("rollout/recomputed_tokens", "rollout/logprob_max_abs_diff", "rollout/logprob_mismatch_kl",
                  "rollout/is_corrected_frac", "rollout/is_weight_mean"):

@@ -100,7 +100,10 @@ class HFEngine:
         step_context: Context manager factory entered around every model step, in the worker thread (``agentrl
             serve`` uses it to serialise two engines over one peft model and to switch the adapter off for
             base-model requests).
-        autocast: Decode under the policy's compute dtype (its autocast); False decodes in the weights' dtype.
+        autocast: Decode under the policy's compute dtype (its autocast). False (the default, as in
+            `agentrl.engines.specs.HFEngineSpec`) decodes in the weights' dtype: bf16 autocast over fp32 weights was
+            measured slower than fp32 for decoding on a 2-core CPU (docs/benchmarks.md), while bf16 weights decode
+            in bf16 either way.
     """
 
     def __init__(
@@ -113,7 +116,7 @@ class HFEngine:
         prefill_batch_tokens: int = 4096,
         seed: int = 0,
         step_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
-        autocast: bool = True,
+        autocast: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")

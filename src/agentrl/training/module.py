@@ -286,10 +286,14 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
     def _score(self, trajectories: Sequence[Trajectory], keys: Iterable[TurnKey],
                fn: Callable[[TurnBatch], Tensor]) -> dict[TurnKey, Tensor]:
         rows = pack_rows(trajectories, context_targets(keys), pack=self.pack_turns)
+        if not self._sharded:
+            return score_turns(rows, self.micro_batch_tokens, self._pad_id, self.device, fn)
+        # forwards are collectives: as many as the rank with the most micro-batches. The ranks agree on that count
+        # (itself a collective) before any forward, so that no rank's count meets another's forward.
+        padding = self._micro_batches(rows)[len(micro_batches(rows, self.micro_batch_tokens)):]
         out = score_turns(rows, self.micro_batch_tokens, self._pad_id, self.device, fn)
-        if self._sharded:  # forwards are collectives: as many as the rank with the most micro-batches
-            for micro in self._micro_batches(rows)[len(micro_batches(rows, self.micro_batch_tokens)):]:
-                fn(collate(micro, self._pad_id).to(self.device))
+        for micro in padding:
+            fn(collate(micro, self._pad_id).to(self.device))
         return out
 
     def sync_max(self, value: int) -> int:
