@@ -10,7 +10,7 @@ import torch
 
 from agentrl.training.batching import TurnTargets, collate, pack_rows
 from agentrl.training.module import AgentRLModule
-from agentrl.training.rtpo import RTPO
+from agentrl.training.rtpo import RTPO, _roll_up_depths
 from agentrl.training.settings import PPOSettings
 from agentrl.types import Trajectory
 from tests.training.helpers import fit, letter_data
@@ -110,3 +110,17 @@ def test_rtpo_validation() -> None:
 def test_max_depth_caps_the_sweep() -> None:
     module = _run(RTPO(group_size=3, max_depth=2, ppo=PPOSettings(epochs=1)))
     assert [u[0] for u in module.updates] == ["k1", "k0"]
+
+
+def test_depth_roll_up_weights_the_correction_metrics_by_recomputed_tokens() -> None:
+    deep = {"train/policy_loss": 0.3, "rollout/recomputed_tokens": 10.0, "rollout/logprob_mismatch_kl": 0.1,
+            "rollout/is_corrected_frac": 0.0, "rollout/logprob_max_abs_diff": 0.9}
+    shallow = {"train/policy_loss": 0.1, "rollout/recomputed_tokens": 30.0, "rollout/logprob_mismatch_kl": 0.4,
+               "rollout/is_corrected_frac": 0.2, "rollout/logprob_max_abs_diff": 0.5}
+    no_turns: dict[str, float] = {"train/skipped_updates": 1.0}  # a depth without this rank's turns
+    out = _roll_up_depths([deep, no_turns, shallow])
+    assert out["rollout/recomputed_tokens"] == 40.0
+    assert out["rollout/logprob_mismatch_kl"] == pytest.approx((0.1 * 10 + 0.4 * 30) / 40)  # the 40 tokens' mean
+    assert out["rollout/is_corrected_frac"] == pytest.approx(0.2 * 30 / 40)
+    assert out["rollout/logprob_max_abs_diff"] == 0.9
+    assert out["train/policy_loss"] == pytest.approx((0.3 + 0.0 + 0.1) / 3)  # shares: a missing depth counts 0

@@ -113,23 +113,7 @@ class RTPO(Schedule):
             learner.push_weights()
         if depth == 0:
             learner.push_weights()
-        for name in ("train/policy_loss", "train/approx_kl", "train/clipfrac", "train/entropy", "train/grad_norm"):
-            # mean over the depths, a depth without this rank's turns counting 0: these are shares of the global
-            # update (summed over ranks when logged), so a rank's missing depth must not change the divisor
-            if any(name in s for s in per_depth):
-                metrics[name] = sum(s.get(name, 0.0) for s in per_depth) / len(per_depth)
-        # behaviour correction of the siblings' turn k, over every depth's recomputed tokens (token-weighted, as
-        # one update over all of them would report it)
-        counted = [s for s in per_depth if s.get("rollout/recomputed_tokens", 0.0) > 0]
-        if counted:
-            tokens = sum(s["rollout/recomputed_tokens"] for s in counted)
-            metrics["rollout/recomputed_tokens"] = tokens
-            for name in ("rollout/logprob_mismatch_kl", "rollout/is_corrected_frac", "rollout/is_weight_mean"):
-                if any(name in s for s in counted):
-                    metrics[name] = sum(s.get(name, 0.0) * s["rollout/recomputed_tokens"] for s in counted) / tokens
-        diffs = [s["rollout/logprob_max_abs_diff"] for s in per_depth if "rollout/logprob_max_abs_diff" in s]
-        if diffs:
-            metrics["rollout/logprob_max_abs_diff"] = max(diffs)
+        metrics.update(_roll_up_depths(per_depth))
         metrics["rtpo/depths"] = float(depth)
         return metrics
 
@@ -168,3 +152,26 @@ class RTPO(Schedule):
             log_w[b] += sum(new - old for new, old in zip(current[(b, n)], recorded, strict=True))
         bound = math.log(clamp)
         return [math.exp(max(-bound, min(bound, w))) for w in log_w]
+
+
+def _roll_up_depths(per_depth: list[dict[str, float]]) -> dict[str, float]:
+    """One step's ``train/*`` and behaviour-correction metrics from the per-depth updates' metrics."""
+    out: dict[str, float] = {}
+    for name in ("train/policy_loss", "train/approx_kl", "train/clipfrac", "train/entropy", "train/grad_norm"):
+        # mean over the depths, a depth without this rank's turns counting 0: these are shares of the global
+        # update (summed over ranks when logged), so a rank's missing depth must not change the divisor
+        if any(name in s for s in per_depth):
+            out[name] = sum(s.get(name, 0.0) for s in per_depth) / len(per_depth)
+    # behaviour correction of the siblings' turn k, over every depth's recomputed tokens (token-weighted, as
+    # one update over all of them would report it)
+    counted = [s for s in per_depth if s.get("rollout/recomputed_tokens", 0.0) > 0]
+    if counted:
+        tokens = sum(s["rollout/recomputed_tokens"] for s in counted)
+        out["rollout/recomputed_tokens"] = tokens
+        for name in ("rollout/logprob_mismatch_kl", "rollout/is_corrected_frac", "rollout/is_weight_mean"):
+            if any(name in s for s in counted):
+                out[name] = sum(s.get(name, 0.0) * s["rollout/recomputed_tokens"] for s in counted) / tokens
+    diffs = [s["rollout/logprob_max_abs_diff"] for s in per_depth if "rollout/logprob_max_abs_diff" in s]
+    if diffs:
+        out["rollout/logprob_max_abs_diff"] = max(diffs)
+    return out
