@@ -2,9 +2,8 @@
 
 * **Weight sync is a version bump.** The engine runs the very modules the trainer updates; `update_weights`
   only bumps the version and drops the prefix cache (its KV was computed with the old weights).
-* **Continuous batching.** Concurrent `generate` calls from many episodes join one decode batch; a request is
-  admitted as soon as a slot is free (``max_batch_size``) and leaves as soon as it stops, without waiting for the
-  rest of the batch (static batching, as ``model.generate`` does, waits for the longest).
+* **Continuous batching.** Concurrent `generate` calls join one decode batch; a request is admitted when a slot
+  is free (``max_batch_size``) and leaves when it stops, not waiting for the longest (as ``model.generate`` does).
 * **Prefix KV reuse.** A prompt that starts with the exact token ids of a stored prompt or finished turn reuses
   their KV and prefills only the new tokens (see `agentrl.engines.kvcache.PrefixStore`). In a multi-turn episode
   turn k+1's prompt is turn k's prompt + response + the new observation, so the conversation is not re-read.
@@ -100,10 +99,8 @@ class HFEngine:
         step_context: Context manager factory entered around every model step, in the worker thread (``agentrl
             serve`` uses it to serialise two engines over one peft model and to switch the adapter off for
             base-model requests).
-        autocast: Decode under the policy's compute dtype (its autocast). False (the default, as in
-            `agentrl.engines.specs.HFEngineSpec`) decodes in the weights' dtype: bf16 autocast over fp32 weights was
-            measured slower than fp32 for decoding on a 2-core CPU (docs/benchmarks.md), while bf16 weights decode
-            in bf16 either way.
+        autocast: Decode under the policy's autocast; False (the default, as `HFEngineSpec`) decodes in the
+            weights' dtype (bf16 autocast over fp32 weights decoded slower: docs/benchmarks.md).
     """
 
     def __init__(
