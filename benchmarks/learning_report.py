@@ -1,8 +1,8 @@
 """Curves and the table of the learning benchmark, from the finished cells' ``summary.json`` files.
 
 Writes ``<out>/<env>/curves.png`` (held-out success, sampled and greedy, against generated training tokens: the
-mean over seeds with the min-max spread shaded; training rollout success below), ``<out>/<env>/table.json`` and
-``<out>/<env>/table.md`` (the rows docs/benchmarks.md quotes) and prints the table.
+mean over seeds with the min-max spread shaded; training rollout success below, one line per seed),
+``<out>/<env>/table.json`` and ``<out>/<env>/table.md`` (the rows docs/benchmarks.md quotes) and prints the table.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 COLORS = {"rtpo": "tab:red", "turn_ppo": "tab:blue", "grpo": "tab:green", "token_ppo": "tab:purple"}
+SEED_STYLES = ["-", "--", ":", "-."]
 
 
 def load(out: Path, env: str, schedules: list[str], seeds: list[int]) -> dict[str, list[dict[str, Any]]]:
@@ -62,14 +63,12 @@ def row(schedule: str, cells: list[dict[str, Any]], target: float) -> dict[str, 
 
 
 def _band(ax: Any, cells: list[dict[str, Any]], key: str, color: str, label: str, style: str) -> None:
-    points = sorted({e["tokens"] for c in cells for e in c["evals"]})
     # seeds stop at slightly different token counts: align the k-th evaluation of every seed
     n = min(len(c["evals"]) for c in cells)
     xs = [statistics.fmean(c["evals"][i]["tokens"] for c in cells) for i in range(n)]
     ys = [[c["evals"][i][key] for c in cells] for i in range(n)]
     ax.plot(xs, [statistics.fmean(y) for y in ys], style, color=color, label=label)
     ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=color, alpha=0.15)
-    del points
 
 
 def report(out: Path, env: str, schedules: list[str], seeds: list[int], target: float) -> list[dict[str, Any]]:
@@ -82,15 +81,17 @@ def report(out: Path, env: str, schedules: list[str], seeds: list[int], target: 
     for s, cs in cells.items():
         _band(top, cs, "success", COLORS.get(s, "k"), f"{s} sampled ({len(cs)} seeds)", "o-")
         _band(top, cs, "greedy_success", COLORS.get(s, "k"), f"{s} greedy", "s--")
-        for c in cs:
-            bottom.plot([t["tokens"] for t in c["train"]], [t["success"] for t in c["train"]], "-",
-                        color=COLORS.get(s, "k"), alpha=0.5, label=s if c is cs[0] else None)
+        for i, c in enumerate(cs):  # one line per seed (own dash), a running mean over 3 steps: raw steps are 8 games
+            ys = [t["success"] or 0.0 for t in c["train"]]
+            smooth = [statistics.fmean(ys[max(0, k - 2):k + 1]) for k in range(len(ys))]
+            bottom.plot([t["tokens"] for t in c["train"]], smooth, SEED_STYLES[i % len(SEED_STYLES)],
+                        color=COLORS.get(s, "k"), alpha=0.7, label=f"{s} seed {c['seed']}")
     top.set_ylabel("held-out success (32 games)")
     top.set_title(f"{env}: held-out success vs generated training tokens (mean, min-max over seeds)")
     top.legend(fontsize=7, ncol=2)
-    bottom.set_ylabel("training rollout success")
+    bottom.set_ylabel("training rollout success (running mean of 3 steps)")
     bottom.set_xlabel("generated training tokens")
-    bottom.legend(fontsize=7)
+    bottom.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     (out / env).mkdir(parents=True, exist_ok=True)
     fig.savefig(out / env / "curves.png", dpi=110)
