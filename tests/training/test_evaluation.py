@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import json
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -9,7 +13,9 @@ import pytest
 from lightning.pytorch.loggers import Logger
 
 from agentrl.training.schedules import GRPO
-from tests.training.helpers import fit, guess_data, make_module
+from tests.training.helpers import fit, fit_in_process, guess_data, make_module
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Recorder(Logger):
@@ -89,3 +95,29 @@ def test_the_spent_budget_is_saved_in_checkpoints() -> None:
     resumed = make_module(GRPO(group_size=2))
     resumed.on_load_checkpoint(checkpoint)
     assert (resumed.generated_tokens, resumed.rl_step) == (1234, 5)
+
+
+def test_evaluations_the_resolved_dtype_and_the_config_reach_every_logger(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a CSV logger first and MLflow second (the learning benchmark's pair), `trainer.logger` is only the CSV
+    one: held-out evaluations, the resolved dtype and the config must still reach the MLflow run."""
+    overrides = {"trainer": {"logger": [
+        {"class_path": "lightning.pytorch.loggers.CSVLogger",
+         "init_args": {"save_dir": "csv", "name": "", "version": ""}},
+        {"class_path": "agentrl.tracking.MLflowLogger",
+         "init_args": {"experiment_name": "two-loggers", "tracking_uri": "sqlite:///mlflow.db", "run_name": "r"}},
+    ]}, "data": {"steps": 1, "eval_episodes": 2}}
+    (tmp_path / "overrides.json").write_text(json.dumps(overrides))
+    code, _, err = fit_in_process(tmp_path, ["--config", str(ROOT / "configs/smoke/turn_ppo.yaml"),
+                                             "--config", "overrides.json"], capsys, monkeypatch)
+    assert code == 0, err[-3000:]
+    with sqlite3.connect(tmp_path / "mlflow.db") as con:
+        evals = con.execute("SELECT step, value FROM metrics WHERE key = 'eval/success'").fetchall()
+        params = dict(con.execute("SELECT key, value FROM params").fetchall())
+    assert len(evals) == 2  # the base model and the final weights
+    assert params["resolved/compute_dtype"] == "float32"
+    assert params["data.batch_size"] == "4"  # the flattened config (MLflowConfig)
+    with (tmp_path / "csv" / "metrics.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r.get("eval/success")]
+    assert len(rows) == 2

@@ -35,12 +35,13 @@ class MLflowConfig(SaveConfigCallback):
     """Log the resolved config (as ``config.yaml``) and its flattened values (as parameters) to MLflow."""
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        logger = trainer.logger
-        if not isinstance(logger, MLFlowLogger) or not trainer.is_global_zero:
+        if not trainer.is_global_zero:
             return
-        flat = _flatten(self.config.as_dict())
-        log_config(logger, self.parser.dump(self.config, skip_none=False),
-                   {k: v for k, v in flat.items() if not k.startswith("trainer.callbacks")})
+        for logger in trainer.loggers:  # the MLflow one(s) among several loggers, not only the first
+            if isinstance(logger, MLFlowLogger):
+                flat = _flatten(self.config.as_dict())
+                log_config(logger, self.parser.dump(self.config, skip_none=False),
+                           {k: v for k, v in flat.items() if not k.startswith("trainer.callbacks")})
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:

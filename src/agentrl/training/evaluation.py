@@ -45,8 +45,8 @@ def evaluate(module: AgentRLModule, label: str) -> dict[str, float]:
     if dm.eval_greedy:
         metrics.update(_play(module, "eval/greedy_", 0.0))
     metrics["eval/generated_tokens"] = float(module.generated_tokens)
-    if module.trainer.logger is not None:
-        module.trainer.logger.log_metrics(metrics, step=module.rl_step)
+    for logger in module.trainer.loggers:  # every logger: `trainer.logger` is only the first of several
+        logger.log_metrics(metrics, step=module.rl_step)
     nan = float("nan")
     line = f"success {metrics.get('eval/success', nan):.3f}, reward {metrics.get('eval/reward', nan):.3f}"
     if dm.eval_greedy:

@@ -168,8 +168,8 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         self.attach(self.trainer.datamodule.make_collector)  # type: ignore[attr-defined]
         if self.peak_flops is None:
             self.peak_flops = measure_peak_flops(self.device, self.policy.compute_dtype)
-        if self.trainer.logger is not None:  # what `compute_dtype: auto` chose on this machine, for review
-            self.trainer.logger.log_hyperparams({"resolved/compute_dtype": str(self.policy.compute_dtype)[6:]})
+        for logger in self.trainer.loggers:  # what `compute_dtype: auto` chose on this machine, for review
+            logger.log_hyperparams({"resolved/compute_dtype": str(self.policy.compute_dtype)[6:]})
         if self.rl_step == 0:
             self.evaluate("base")
 
