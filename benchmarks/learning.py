@@ -28,6 +28,7 @@ import os
 import platform
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -40,6 +41,22 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "learning"
 SCHEDULES = ("rtpo", "turn_ppo", "grpo", "token_ppo")
 TARGETS = {"guess": 0.25, "frozenlake": 0.3}  # held-out sampled success for "tokens to reach the target"
+
+
+# environments whose cells start from a warmed-up model folder (the env config names it), made once by a script
+WARMUPS = {"frozenlake": ("format_warmup.py", ROOT / "checkpoints" / "warmup" / "frozenlake-format")}
+
+
+def ensure_warmup(env: str, out: Path) -> None:
+    """Make the env's warm-up model when its folder is missing; keep its report beside the env's results."""
+    if env not in WARMUPS:
+        return
+    script, folder = WARMUPS[env]
+    if not (folder / "warmup.json").exists():
+        print(f"[learning] {env}: making the format warm-up model {folder} (once, ~5 min)", flush=True)
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--out", str(folder)], check=True, cwd=ROOT)
+    (out / env).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(folder / "warmup.json", out / env / "warmup.json")
 
 
 def cell_dir(out: Path, env: str, schedule: str, seed: int) -> Path:
@@ -167,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if args.max_cells is not None and ran >= args.max_cells:
                 break
+            ensure_warmup(env, args.out)
             ran += 1
             failed += run_cell(env, schedule, seed, args) is None
     from learning_report import report  # the figures and the table (benchmarks/learning_report.py)
@@ -176,7 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    # `kill <runner>` must not orphan the running `agentrl fit`: SystemExit unwinds through subprocess.run, which
+    # kills its child; the unfinished cell has no summary.json and runs again on the next invocation
+    print("[learning] stopped (SIGTERM); the running cell is left unfinished and runs again next time", flush=True)
+    raise SystemExit(128 + signum)
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     raise SystemExit(main())
