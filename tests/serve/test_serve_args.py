@@ -41,3 +41,10 @@ def test_a_server_started_with_a_positional_model_serves_it(tmp_path) -> None:  
         assert "--model" not in " ".join(server.proc.args)  # type: ignore[arg-type]
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_body_limit_must_be_positive(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--max-request-mb", value])
+    assert "--max-request-mb must be > 0" in capsys.readouterr().err

@@ -207,3 +207,25 @@ def test_openai_client_chat_with_tool_calls_on_smollm2(tmp_path: Path) -> None:
         assert call.function.name == "get_weather" and "city" in call.function.arguments
     finally:
         server.stop()
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_buffered(served: Server) -> None:
+    """16 MiB by default (`--max-request-mb`): a larger declared length gets 413 at once; a chunked body with no
+    length gets 413 once it passes the limit; the server keeps serving."""
+    big = b'{"prompt": "' + b"a" * (17 << 20) + b'"}'
+    r = httpx.post(served.url + "/v1/completions", content=big,
+                   headers={**served.headers, "Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["type"] == "RequestTooLargeError" and "max-request-mb" in r.json()["error"]["message"]
+
+    def chunks() -> Any:
+        yield b'{"prompt": "'
+        for _ in range(17):
+            yield b"a" * (1 << 20)
+        yield b'"}'
+
+    r = httpx.post(served.url + "/v1/completions", content=chunks(),
+                   headers={**served.headers, "Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["type"] == "RequestTooLargeError"
+    assert _complete(served, max_tokens=2)["token_ids"]  # still serving

@@ -55,6 +55,7 @@ from agentrl.agents.http_agent import EpisodeRoute
 from agentrl.agents.llm import AssistantReply, LLMClient
 from agentrl.serve.gateway_checks import check_request
 from agentrl.serve.gateway_stream import stream_chunks
+from agentrl.serve.http_guards import BodyLimit
 from agentrl.serve.openai_protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -275,6 +276,7 @@ def reply_message(reply: AssistantReply, *, parse_tools: bool) -> tuple[ChatMess
 def create_gateway_app(gateway: TrainingGateway) -> FastAPI:
     """The FastAPI app of ``gateway``: episode-scoped ``/v1`` routes behind the bearer key."""
     app = FastAPI(title="agentrl training gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, max_bytes=16 << 20)  # as `agentrl serve`: no unbounded request bodies
     digest = hashlib.sha256(gateway.api_key.encode()).digest()
 
     def authorised(authorization: str | None = Header(None)) -> None:
@@ -296,7 +298,7 @@ def create_gateway_app(gateway: TrainingGateway) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        kind = "NotFoundError" if exc.status_code == 404 else "BadRequestError"
+        kind = {404: "NotFoundError", 413: "RequestTooLargeError"}.get(exc.status_code, "BadRequestError")
         message = str(exc.detail) + (" (routes are /episodes/<episode-id>/v1/...)" if exc.status_code == 404 else "")
         return JSONResponse(error_body(message, kind, exc.status_code), status_code=exc.status_code)
 

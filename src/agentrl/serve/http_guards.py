@@ -11,6 +11,9 @@ way:
 * **A client that leaves costs nothing more.** `until_disconnected` runs a handler's work as a task and cancels
   it when the client closes the connection; the engine then drops the request from its batch
   (`agentrl.engines.hf.HFEngine`).
+* **A body has a size limit** (`BodyLimit`, ``--max-request-mb``, 16 MiB by default): a larger declared
+  ``Content-Length`` is refused before a byte of it is read, a chunked body once it passes the limit; both 413
+  ``RequestTooLargeError``. A client cannot make the server buffer an unbounded body.
 * **The key guards everything but ``/health``**: the API, ``/metrics``, and the ``/docs`` and ``/openapi.json``
   pages, which describe the API to whoever can read them.
 """
@@ -63,6 +66,47 @@ class BearerAuth:
             await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+class RequestTooLarge(HTTPException):
+    """A request body over `BodyLimit`'s limit (413)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body is larger than the server's limit of {limit} bytes "
+                              "(agentrl serve --max-request-mb)")
+
+
+class BodyLimit:
+    """Pure ASGI middleware: refuse bodies over ``max_bytes`` with 413 (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            exc = RequestTooLarge(self.max_bytes)
+            log.info("%s %s -> 413: %s", scope.get("method"), scope.get("path"), exc.detail)
+            await JSONResponse(error_body(str(exc.detail), _TYPES[413], 413), status_code=413)(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:  # a chunked body (no length declared) that keeps coming
+                    raise RequestTooLarge(self.max_bytes)
+            return message
+
+        await self.app(scope, counted, send)
 
 
 def _client_error(request: Request, status: int, message: str, err_type: str, param: str | None) -> JSONResponse:

@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from agentrl.chat.tools import HermesToolParser
 from agentrl.engines.vllm import API_KEY_ENV  # one name for the key on both sides of the protocol
-from agentrl.serve.http_guards import BearerAuth, install_error_handlers, until_disconnected
+from agentrl.serve.http_guards import BearerAuth, BodyLimit, install_error_handlers, until_disconnected
 from agentrl.serve.openai_protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -223,8 +223,9 @@ def _add_routes(app: FastAPI, served: ServedModel) -> None:
         return Response(f"Success: LoRA adapter '{req.lora_name}' removed successfully.", status_code=200)
 
 
-def create_app(served: ServedModel, *, api_key: str | None = None) -> FastAPI:
-    """The FastAPI app serving ``served``; with ``api_key``, ``/v1`` routes need it as a bearer token."""
+def create_app(served: ServedModel, *, api_key: str | None = None, max_request_bytes: int = 16 << 20) -> FastAPI:
+    """The FastAPI app serving ``served``; with ``api_key``, ``/v1`` routes need it as a bearer token; bodies over
+    ``max_request_bytes`` are refused (413)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -236,6 +237,7 @@ def create_app(served: ServedModel, *, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="agentrl serve", lifespan=lifespan)
     if api_key:
         app.add_middleware(BearerAuth, key=api_key)
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)  # outermost: before the key check reads anything
     install_error_handlers(app)
     _add_routes(app, served)
     return app
@@ -253,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help=f"require this bearer token on /v1 (default: ${API_KEY_ENV})")
     p.add_argument("--max-batch-size", type=int, default=32, help="most sequences decoded together")
+    p.add_argument("--max-request-mb", type=float, default=16.0, help="largest request body, MiB (413 above it)")
     p.add_argument("--prefix-cache-tokens", type=int, default=32768, help="prefix KV store budget (0 disables)")
     p.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's)")
     p.add_argument("--lora-rank", type=int, default=None, help="peft-wrap the model for LoRA hot-loading")
@@ -277,6 +280,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(f"the model is given twice, as {args.model_arg!r} and --model {args.model!r}: give it once")
     args.model = args.model_arg or args.model or SMOLLM2
     del args.model_arg
+    if not args.max_request_mb > 0:
+        parser.error(f"--max-request-mb must be > 0, got {args.max_request_mb}")
     return args
 
 
@@ -309,5 +314,6 @@ def serve_main(argv: Sequence[str]) -> int:
                          lora_root=args.lora_modules_root)
     if lora is not None:
         log.info("LoRA adapters load only from %s (--lora-modules-root)", served.lora_root)
-    uvicorn.run(create_app(served, api_key=api_key), host=args.host, port=args.port, log_level=args.log_level)
+    app = create_app(served, api_key=api_key, max_request_bytes=int(args.max_request_mb * (1 << 20)))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
