@@ -90,6 +90,20 @@ def test_unknown_finished_and_unauthorised_requests_answer_in_openai_error_shape
     _within_gateway(tiny_policy, body)
 
 
+def test_a_body_over_the_limit_is_refused_in_openai_error_shape(tiny_policy: Policy) -> None:
+    async def body(gateway: TrainingGateway, engine: ScriptedEngine) -> None:
+        route = await gateway.open(_llm(engine))
+        headers = {"Authorization": f"Bearer {route.api_key}", "Content-Type": "application/json"}
+        big = b'{"messages": [{"role": "user", "content": "' + b"a" * (17 << 20) + b'"}]}'
+        async with httpx.AsyncClient(timeout=60) as http:
+            r = await http.post(f"{route.base_url}/chat/completions", content=big, headers=headers)
+        assert r.status_code == 413
+        assert r.json()["error"]["type"] == "RequestTooLargeError"
+        await gateway.close(route)
+
+    _within_gateway(tiny_policy, body)
+
+
 @pytest.mark.parametrize("ask", ["say something", "please call the tool"])
 def test_a_streaming_request_yields_the_same_tokens_as_a_non_streaming_one(tiny_policy: Policy, ask: str) -> None:
     """Two episodes with the same seed: one asked without streaming, one with; same ids, text and tool calls."""
