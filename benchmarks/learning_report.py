@@ -39,6 +39,16 @@ def tokens_to_target(cell: dict[str, Any], target: float) -> int | None:
     return next((e["tokens"] for e in cell["evals"] if e["success"] >= target), None)
 
 
+def train_tokens_to_target(cell: dict[str, Any], target: float, window: int = 3) -> int | None:
+    """Tokens at the first step whose training rollout success, averaged over it and the ``window - 1`` steps
+    before, reaches ``target``: finer-grained than the held-out evaluations, which are far apart."""
+    ys = [t["success"] or 0.0 for t in cell["train"]]
+    for k in range(window - 1, len(ys)):
+        if statistics.fmean(ys[k - window + 1 : k + 1]) >= target:
+            return int(cell["train"][k]["tokens"])
+    return None
+
+
 def row(schedule: str, cells: list[dict[str, Any]], target: float) -> dict[str, Any]:
     base = [c["evals"][0]["success"] for c in cells]
     final = [c["evals"][-1]["success"] for c in cells]
@@ -59,6 +69,7 @@ def row(schedule: str, cells: list[dict[str, Any]], target: float) -> dict[str, 
         "gain_per_1k_tokens": statistics.fmean(1000 * g / c["generated_tokens"] for g, c in zip(gain, cells,
                                                                                                  strict=True)),
         "tokens_to_target": reached, "target": target,
+        "train_tokens_to_target": [train_tokens_to_target(c, target) for c in cells],
     }
 
 
@@ -98,15 +109,17 @@ def report(out: Path, env: str, schedules: list[str], seeds: list[int], target: 
     plt.close(fig)
     (out / env / "table.json").write_text(json.dumps(rows, indent=1))
     lines = ["| schedule | seeds | held-out success: base → final (mean ± sd) | greedy final | gain | "
-             f"tokens to {target:.0%} (per seed) | steps | wall min | CPU-min | gain / CPU-min | gain / 1k tokens |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"tokens to {target:.0%} (per seed) | training tokens to {target:.0%} (per seed) | steps | wall min | "
+             "CPU-min | gain / CPU-min | gain / 1k tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         reach = ", ".join("—" if t is None else f"{t:,}" for t in r["tokens_to_target"])
+        train_reach = ", ".join("—" if t is None else f"{t:,}" for t in r["train_tokens_to_target"])
         lines.append(
             f"| {r['schedule']} | {len(r['seeds'])} | {r['base_success'][0]:.3f} → {r['final_success'][0]:.3f} ± "
             f"{r['final_success'][1]:.3f} | {r['final_greedy_success'][0]:.3f} ± {r['final_greedy_success'][1]:.3f} | "
-            f"{r['gain'][0]:+.3f} ± {r['gain'][1]:.3f} | {reach} | {r['steps']:.1f} | {r['wall_minutes'][0]:.1f} | "
-            f"{r['cpu_minutes'][0]:.1f} | "
+            f"{r['gain'][0]:+.3f} ± {r['gain'][1]:.3f} | {reach} | {train_reach} | {r['steps']:.1f} | "
+            f"{r['wall_minutes'][0]:.1f} | {r['cpu_minutes'][0]:.1f} | "
             f"{r['gain_per_cpu_minute']:+.4f} | {r['gain_per_1k_tokens']:+.4f} |")
     (out / env / "table.md").write_text("\n".join(lines) + "\n")
     print(f"[learning] {env}:\n" + "\n".join(lines), flush=True)
