@@ -13,6 +13,9 @@ The environments (`ChoiceAgent`, driving the LLM client directly; every reply is
   turn 0: GRPO and token-PPO broadcast the return, Turn-PPO's GAE over turns passes it on through
   ``γλ (r − V(s_1))``, and RTPO's siblings at depth 1 share their turn 0 and therefore tie (zero advantage,
   no update), so all of RTPO's signal lands on turn 0.
+* **Two turns, turn 1 decides.** The same two turns, but only the second reply counts: the path RTPO's depth-1
+  siblings take (replay turn 0, sample turn 1 fresh, train turn 1's tokens only), which the turn-0 task leaves
+  untested. Success is measured at turn 1's prompt after a fixed turn-0 reply.
 
 Success is measured without sampling noise: the prompt of turn 0 is fixed, so the success probability of the
 current weights is exactly the policy's next-token mass on the printable ASCII ids after that prompt
@@ -65,19 +68,21 @@ def is_choice(text: str) -> bool:
 
 
 class ChoiceAgent:
-    """``turns`` LLM calls; only the first reply counts (terminal reward 1 if it `is_choice`, else 0)."""
+    """``turns`` LLM calls; only reply ``decisive`` counts (terminal reward 1 if it `is_choice`, else 0)."""
 
-    def __init__(self, turns: int) -> None:
+    def __init__(self, turns: int, decisive: int = 0) -> None:
         self.turns = turns
+        self.decisive = decisive
 
     async def run(self, task: Task, llm: LLMClient) -> Outcome:
         messages: list[dict[str, Any]] = [{"role": "user", "content": PROMPT}]
-        first = await llm.chat(messages)
-        messages.append(first.message())
-        for _ in range(self.turns - 1):  # a fixed continuation: its replies never change the outcome
+        replies = [await llm.chat(messages)]
+        messages.append(replies[0].message())
+        for _ in range(self.turns - 1):  # the same follow-up every turn: only reply `decisive` changes the outcome
             messages.append({"role": "user", "content": FOLLOW_UP})
-            messages.append((await llm.chat(messages)).message())
-        success = is_choice(first.text)
+            replies.append(await llm.chat(messages))
+            messages.append(replies[-1].message())
+        success = is_choice(replies[self.decisive].text)
         return Outcome(float(success), info={"success": success})
 
 
@@ -89,10 +94,21 @@ def first_prompt_ids(policy: Policy) -> list[int]:
     return list(tok(prompt, add_special_tokens=False)["input_ids"])
 
 
-def success_probability(policy: Policy) -> float:
-    """P(success) of the current weights: the next-token mass on the printable ASCII ids after turn 0's prompt."""
+def turn_one_prompt_ids(policy: Policy) -> list[int]:
+    """Turn 1's prompt after a fixed turn-0 reply ("a"): where the last-turn task's success is measured."""
     tok = policy.tokenizer
-    ids = torch.tensor([first_prompt_ids(policy)], device=policy.model.device)
+    messages = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "a"},
+                {"role": "user", "content": FOLLOW_UP}]
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tok(prompt, add_special_tokens=False)["input_ids"])
+
+
+def success_probability(policy: Policy, decisive: int = 0) -> float:
+    """P(success) of the current weights: the next-token mass on the printable ASCII ids after the prompt of the
+    deciding turn (turn 0's prompt, or turn 1's after a fixed turn-0 reply)."""
+    tok = policy.tokenizer
+    prompt = first_prompt_ids(policy) if decisive == 0 else turn_one_prompt_ids(policy)
+    ids = torch.tensor([prompt], device=policy.model.device)
     chosen = [i for i in range(len(tok)) if is_choice(tok.decode([i]))]
     with torch.no_grad():
         probs = policy.model(ids).logits[0, -1].float().softmax(-1)
@@ -174,22 +190,23 @@ class StepMetrics(pl.Callback):
 
 
 @functools.cache
-def run(schedule: str, turns: int, seed: int) -> Run:
-    """Train ``schedule`` on the ``turns``-turn task from model seed ``seed`` (cached: tests share runs)."""
+def run(schedule: str, turns: int, seed: int, decisive: int = 0) -> Run:
+    """Train ``schedule`` on the ``turns``-turn task whose reply ``decisive`` counts, from model seed ``seed``
+    (cached: tests share runs)."""
     began = time.perf_counter()
     pl.seed_everything(seed, verbose=False)  # the critic head's initialisation draws from the global generator
     algo = make_schedule(schedule)
     policy = Policy("tiny-random", seed=seed)
     module = AgentRLModule(policy, algo, optim=OptimSettings(lr=LR, critic_lr=5 * LR), peak_flops=1e11, seed=seed)
     batch_size = EPISODES // 2 if schedule == "rtpo" else EPISODES
-    data = RolloutDataModule(ChoiceAgent(turns), batch_size=batch_size, steps=STEPS,
+    data = RolloutDataModule(ChoiceAgent(turns, decisive), batch_size=batch_size, steps=STEPS,
                              sampling=SamplingParams(max_tokens=1), seed=seed)
-    start = success_probability(policy)
+    start = success_probability(policy, decisive)
     recorder = StepMetrics()
     fit(module, data, callbacks=[recorder])
     assert {t.turns[0].prompt_ids == first_prompt_ids(policy) for t in module.last_trajectories} == {True}
-    return Run(start, success_probability(policy), [m["rollout/success"] for m in recorder.steps], recorder.steps,
-               list(getattr(algo, "log", [])), time.perf_counter() - began)
+    return Run(start, success_probability(policy, decisive), [m["rollout/success"] for m in recorder.steps],
+               recorder.steps, list(getattr(algo, "log", [])), time.perf_counter() - began)
 
 
 @pytest.mark.parametrize("turns", [1, 2], ids=["bandit", "two_turn"])
@@ -201,6 +218,23 @@ def test_every_schedule_raises_its_success_rate(schedule: str, turns: int) -> No
     gains = [r.gain for r in runs.values()]
     assert sum(gains) / len(gains) > MIN_MEAN_GAIN, f"mean gain {sum(gains) / len(gains):+.3f}:\n{report}"
     assert min(gains) > MIN_GAIN, f"a seed gained only {min(gains):+.3f}:\n{report}"
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_schedule_learns_when_the_last_turn_decides(schedule: str) -> None:
+    """Two turns, turn 1 decides. For RTPO this is the path the turn-0 task leaves untested: depth-1 siblings
+    replay the trunk's turn 0, sample turn 1 fresh from c_1 and are trained on turn 1's tokens only (its depth-0
+    siblings differ at turn 0 but then sample turn 1 anew, so their rewards carry noise, not turn 0's credit)."""
+    runs = {seed: run(schedule, 2, seed, decisive=1) for seed in SEEDS}
+    report = "\n".join(f"  {schedule} last-turn seed {seed}: {r.describe()}" for seed, r in runs.items())
+    print(f"\n{report}")
+    gains = [r.gain for r in runs.values()]
+    assert sum(gains) / len(gains) > MIN_MEAN_GAIN, f"mean gain {sum(gains) / len(gains):+.3f}:\n{report}"
+    assert min(gains) > MIN_GAIN, f"a seed gained only {min(gains):+.3f}:\n{report}"
+    if schedule == "rtpo":  # the signal is at depth 1
+        for r in runs.values():
+            signal_1 = [m["rtpo/depth1/mean_abs_advantage"] for m in r.metrics]
+            assert sum(a > 0 for a in signal_1) >= STEPS // 2, signal_1
 
 
 def _success_gap(records: list[TurnRecord], turn: int) -> float | None:
