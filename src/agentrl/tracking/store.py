@@ -102,6 +102,9 @@ class MLflowLogger(MLFlowLogger):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(max_retries))
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
         self.disabled = False
+        # MLflow caches a sqlite store per URI string: a relative one would keep writing to the first working
+        # directory's file after a chdir (a second run in one process), so the paths are fixed here
+        tracking_uri, fallback_uri = absolute_uri(tracking_uri), absolute_uri(fallback_uri)
         uri = self._usable(tracking_uri, fallback_uri, timeout_s)  # MlflowClient opens a sqlite store at once
         super().__init__(experiment_name=experiment_name, run_name=run_name, tracking_uri=uri, tags=tags,
                          run_id=run_id if uri == tracking_uri else None, artifact_location=artifact_location)
