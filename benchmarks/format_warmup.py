@@ -23,7 +23,6 @@ import argparse
 import json
 import platform
 import random
-import re
 import resource
 import time
 from pathlib import Path
@@ -36,7 +35,6 @@ from agentrl.models.loading import SMOLLM2, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("left", "down", "right", "up")
-_DIRECTION = re.compile(r"\b(left|down|right|up)\b", re.IGNORECASE)  # the environment's parser
 
 
 def make_env() -> FrozenLakeEnv:
@@ -95,7 +93,8 @@ def valid_rate(tok: Any, model: Any, episodes: int, max_tokens: int, seed: int) 
         out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=True, temperature=1.0, top_k=0,
                              top_p=1.0, max_new_tokens=max_tokens, pad_token_id=tok.eos_token_id,
                              eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
-        valid += bool(_DIRECTION.search(tok.decode(out[0, x.shape[1] :], skip_special_tokens=True)))
+        reply = tok.decode(out[0, x.shape[1] :], skip_special_tokens=True)
+        valid += not env.step(reply).info["format_error"]  # the environment's own parser decides
     return valid / episodes
 
 

@@ -253,9 +253,10 @@ def reopen_run(fit_config: Any) -> None:
         fit_config: The parsed ``fit`` config (a jsonargparse namespace) before instantiation; its
             ``trainer.logger`` gets ``run_id`` when the checkpoint's run is in the same store.
     """
-    ckpt, logger = fit_config.get("ckpt_path"), fit_config.get("trainer.logger")
-    init = getattr(logger, "init_args", None)
-    if not ckpt or init is None or init.get("run_id") or "run_id" not in init:
+    ckpt = fit_config.get("ckpt_path")
+    inits = [init for init in (getattr(entry, "init_args", None) for entry in logger_entries(fit_config))
+             if init is not None and "run_id" in init and not init.get("run_id")]
+    if not ckpt or not inits:
         return
     path = Path(fit_config.get("checkpoint.dirpath") or "checkpoints") / "last.ckpt" if ckpt == "last" else Path(ckpt)
     if not path.is_file():
@@ -263,9 +264,21 @@ def reopen_run(fit_config: Any) -> None:
     import torch
 
     saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("mlflow") or {}
-    uri = init.get("tracking_uri") or DEFAULT_TRACKING_URI
-    if saved.get("run_id") and absolute_uri(saved.get("tracking_uri", "")) == absolute_uri(uri):
+    if not saved.get("run_id"):
+        return
+    uris = [init.get("tracking_uri") or DEFAULT_TRACKING_URI for init in inits]
+    same = [init for init, uri in zip(inits, uris, strict=True)
+            if absolute_uri(saved.get("tracking_uri", "")) == absolute_uri(uri)]
+    for init in same:
         init.run_id = saved["run_id"]
-    elif saved.get("run_id"):
+    if not same:
         log.warning("the checkpoint's MLflow run %s is in %s, not in %s: starting a new run", saved["run_id"],
-                    saved.get("tracking_uri"), uri)
+                    saved.get("tracking_uri"), " or ".join(uris))
+
+
+def logger_entries(config: Any) -> list[Any]:
+    """The ``trainer.logger`` entries of a parsed config: one, a list (e.g. CSV and MLflow), or none."""
+    logger = config.get("trainer.logger")
+    if isinstance(logger, list | tuple):
+        return list(logger)
+    return [logger] if logger is not None and not isinstance(logger, bool) else []

@@ -23,6 +23,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.loggers import MLFlowLogger
 
 from agentrl.tracking import DEFAULT_TRACKING_URI, TrajectoryLogger, log_config, reopen_run
+from agentrl.tracking.store import logger_entries
 from agentrl.training.callbacks import GracefulStop, RLCheckpoint
 from agentrl.training.datamodule import RolloutDataModule
 from agentrl.training.keys import COMMON_KEYS, normalize_argv
@@ -103,10 +104,10 @@ def _short(class_path: Any) -> str:
 
 def _default_run_name(config: Namespace) -> None:
     """Name the MLflow run after what runs (``rtpo-guessnumber-s0``) unless the config names it."""
-    logger = config.get("trainer.logger")
-    if not isinstance(logger, Namespace) or _short(logger.get("class_path")) != "mlflowlogger":
-        return
-    if logger.get("init_args.run_name"):
+    loggers = [entry for entry in logger_entries(config)
+               if isinstance(entry, Namespace) and _short(entry.get("class_path")) == "mlflowlogger"
+               and not entry.get("init_args.run_name")]
+    if not loggers:
         return
     algorithm = _short(config.get("model.algorithm.class_path")) or "run"
     agent = config.get("data.agent")
@@ -115,7 +116,8 @@ def _default_run_name(config: Namespace) -> None:
     task = task.removesuffix("agent") or "agent"
     seed = config.get("seed_everything")
     seed_part = f"-s{seed}" if isinstance(seed, int) and not isinstance(seed, bool) else ""
-    logger["init_args.run_name"] = f"{algorithm}-{task}{seed_part}"
+    for logger in loggers:
+        logger["init_args.run_name"] = f"{algorithm}-{task}{seed_part}"
 
 
 def fit_main(argv: Sequence[str]) -> int:
