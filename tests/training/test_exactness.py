@@ -121,14 +121,15 @@ def test_sharded_fit_checkpoints_and_resumes(tmp_path: Path) -> None:
     from the sharded checkpoint of step 2 and finishes, making the same step 3 as before the kill."""
     import signal
 
-    args = ["--config", str(ROOT / "configs/smoke/rtpo.yaml"), *FSDP2, "--data.steps", "4"]
+    args = ["--config", str(ROOT / "configs/smoke/rtpo.yaml"), *FSDP2, "--data.steps", "4", "--data.eval_episodes", "2"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "agentrl.cli", "fit", *args]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     assert proc.stdout is not None
-    before = ""
+    before, lines = "", []
     for line in proc.stdout:
+        lines.append(line)
         if line.startswith("step 3/4"):
             before = line
             os.killpg(proc.pid, signal.SIGKILL)  # both ranks, no chance to save
@@ -142,6 +143,8 @@ def test_sharded_fit_checkpoints_and_resumes(tmp_path: Path) -> None:
                              timeout=600)
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
     assert "resumed at step 2" in resumed.stdout
+    base = "[agentrl] base evaluation"
+    assert any(line.startswith(base) for line in lines) and base not in resumed.stdout  # the base model only once
     after = next(line for line in resumed.stdout.splitlines() if line.startswith("step 3/4"))
     assert after.split()[:6] == before.split()[:6]  # same reward and success: the restored weights are the same
     assert torch.load(ckpt / "meta.pt", weights_only=True)["agentrl"]["rl_step"] == 4

@@ -128,6 +128,7 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         self.last_metrics: dict[str, float] = {}
         self._full_policy: list[Policy] = []
         self.last_eval: dict[str, float] = {}
+        self.base_eval: dict[str, float] = {}  # the held-out evaluation of the starting weights (not on resume)
 
     @staticmethod
     def check_args(uses_lora: bool, algorithm: Schedule, micro_batch_tokens: int) -> None:
@@ -170,8 +171,11 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
             self.peak_flops = measure_peak_flops(self.device, self.policy.compute_dtype)
         for logger in self.trainer.loggers:  # what `compute_dtype: auto` chose on this machine, for review
             logger.log_hyperparams({"resolved/compute_dtype": str(self.policy.compute_dtype)[6:]})
+
+    def on_train_start(self) -> None:
+        # here, not in on_fit_start: a sharded checkpoint is restored after that hook, when rl_step was still 0
         if self.rl_step == 0:
-            self.evaluate("base")
+            self.base_eval = self.evaluate("base")
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         evaluation.after_step(self, self.generated_tokens - int(self.last_metrics.get("perf/generated_tokens", 0)))

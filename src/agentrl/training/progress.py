@@ -95,8 +95,6 @@ class RunProgress(ProgressBar):
         self._enabled = True
         self._start = 0.0
         self._first_step = 0
-        self._base: dict[str, float] = {}
-        self._base_id = 0
 
     def disable(self) -> None:
         self._enabled = False
@@ -130,12 +128,14 @@ class RunProgress(ProgressBar):
         self._say(trainer, f"[agentrl] {where}" if where else "[agentrl] no MLflow logger: metrics are not recorded")
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start = time.perf_counter()
+        self._start = 0.0  # set at the first step: the module's base evaluation follows this hook
         self._first_step = int(getattr(pl_module, "rl_step", 0))
-        self._base = getattr(pl_module, "last_eval", {}) or {}
-        self._base_id = id(self._base)
         if self._first_step:
             self._say(trainer, f"[agentrl] resumed at step {self._first_step} from {trainer.ckpt_path}")
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._start = self._start or time.perf_counter()
 
     def _steps(self, trainer: pl.Trainer) -> int:
         return int(getattr(trainer.datamodule, "steps", 0) or self.total_train_batches)  # type: ignore[attr-defined]
@@ -156,9 +156,10 @@ class RunProgress(ProgressBar):
             return
         step = int(getattr(pl_module, "rl_step", 0))
         final = getattr(pl_module, "last_eval", {}) or {}
-        lines = [f"[agentrl] done: {step} steps in {_clock(time.perf_counter() - self._start)}"]
-        if "eval/success" in self._base and "eval/success" in final and id(final) != self._base_id:
-            lines.append(f"  held-out success: base {self._base['eval/success']:.3f} -> final "
+        lines = [f"[agentrl] done: {step} steps in {_clock(time.perf_counter() - self._start if self._start else 0.0)}"]
+        base = getattr(pl_module, "base_eval", {}) or {}
+        if "eval/success" in base and "eval/success" in final and final is not base:
+            lines.append(f"  held-out success: base {base['eval/success']:.3f} -> final "
                          f"{final['eval/success']:.3f} ({int(final.get('eval/episodes', 0))} episodes)")
         for cb in trainer.callbacks:  # type: ignore[attr-defined]
             if getattr(cb, "last_model_path", None):
