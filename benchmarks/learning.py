@@ -76,6 +76,9 @@ def overrides(env: str, schedule: str, seed: int, folder: Path, tracking_uri: st
                            "run_name": f"{env}-{schedule}-seed{seed}", "tags": tags}},
         ]},
         "checkpoint": {"dirpath": str(scratch / "checkpoints"), "every_n_steps": 1000},
+        # a cell is measured by its in-run evaluations: its final weights (540 MB for SmolLM2) are not kept in
+        # MLflow unless asked for (`-- --tracking.log_final_model true`)
+        "tracking": {"log_final_model": False},
         "data": {"seed": seed},
         "model": {"seed": seed},
     }

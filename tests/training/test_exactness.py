@@ -148,3 +148,37 @@ def test_sharded_fit_checkpoints_and_resumes(tmp_path: Path) -> None:
     after = next(line for line in resumed.stdout.splitlines() if line.startswith("step 3/4"))
     assert after.split()[:6] == before.split()[:6]  # same reward and success: the restored weights are the same
     assert torch.load(ckpt / "meta.pt", weights_only=True)["agentrl"]["rl_step"] == 4
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_sharded_two_rank_run_at_a_step_boundary(tmp_path: Path) -> None:
+    """SIGTERM to the launching rank only (what a scheduler or ``kill`` sends): both ranks finish the same step,
+    save one sharded checkpoint and exit 0. Before agentrl replaced Lightning's SIGTERM handler for the training
+    loop, this run hung (Lightning's handler broadcasts from inside the signal handler)."""
+    import re
+    import signal
+
+    args = ["--config", str(ROOT / "configs/smoke/rtpo.yaml"), *FSDP2, "--data.steps", "6"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "fit", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step 1/6"):
+            proc.send_signal(signal.SIGTERM)  # rank 0 only; rank 1 learns of it through the step's collective
+            break
+    try:
+        rest = proc.communicate(timeout=180)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the two-rank run did not stop within 180 s of SIGTERM:\n" + "".join(lines)[-3000:])
+    out = "".join(lines) + rest
+    assert proc.returncode == 0, out[-3000:]
+    stopped = re.search(r"stopped after step (\d)", out)
+    assert stopped, out[-3000:]
+    step = int(stopped.group(1))
+    assert 1 <= step < 6 and f"step {step + 1}/6" not in out
+    meta = torch.load(tmp_path / "checkpoints/smoke/last.ckpt" / "meta.pt", weights_only=True)
+    assert meta["agentrl"]["rl_step"] == step  # the checkpoint of the step both ranks stopped after

@@ -16,6 +16,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from agentrl.training.checkpoint_io import AtomicCheckpointIO
 
@@ -75,6 +76,7 @@ class GracefulStop(Callback):
 
     def __init__(self) -> None:
         self.requested: str | None = None
+        self._stopping = False
         self._previous: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
@@ -85,8 +87,12 @@ class GracefulStop(Callback):
         log.warning("%s received: stopping after the current step (checkpoint first); press Ctrl-C again to abort",
                     name)
 
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.requested = None
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # here, after Lightning registered its own SIGTERM handler (between on_fit_start and the training loop),
+        # which this one replaces for the loop: Lightning's forwards the signal to the other ranks and broadcasts
+        # from inside the handler, a collective the other ranks are not in at that moment; on two ranks the stopped
+        # run hung. The stop is decided below by a collective every rank makes at the same point of every step.
+        self.requested, self._stopping = None, False
         try:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._handler)
@@ -103,7 +109,15 @@ class GracefulStop(Callback):
             if isinstance(cb, RLCheckpoint):
                 path = cb.save_now(trainer, step)
                 log.warning("stopped after step %d; checkpoint %s; resume with --ckpt_path last", step, path)
-        trainer.should_stop = True
+        self._stopping = True  # the step's metrics are logged after this hook: leave at the next step's start
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self._stopping:
+            # Lightning's own way out for a signal, on every rank at once: the exception hooks run (the MLflow run
+            # ends KILLED, the engine stops) and the process exits 0. `trainer.should_stop` would end the epoch
+            # instead, and its end-of-epoch checkpoint would mark the run finished: a resume had nothing to do.
+            raise SIGTERMException
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for sig, handler in self._previous.items():
