@@ -86,19 +86,13 @@ class ChoiceAgent:
         return Outcome(float(success), info={"success": success})
 
 
-def first_prompt_ids(policy: Policy) -> list[int]:
-    """The token ids of turn 0's prompt (the run checks that the engine was sent exactly these)."""
+def prompt_ids(policy: Policy, decisive: int = 0) -> list[int]:
+    """The token ids of the deciding turn's prompt: turn 0's (the run checks that the engine was sent exactly
+    these), or turn 1's after a fixed turn-0 reply ("a"), where the last-turn task's success is measured."""
     tok = policy.tokenizer
-    prompt = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                     tokenize=False)
-    return list(tok(prompt, add_special_tokens=False)["input_ids"])
-
-
-def turn_one_prompt_ids(policy: Policy) -> list[int]:
-    """Turn 1's prompt after a fixed turn-0 reply ("a"): where the last-turn task's success is measured."""
-    tok = policy.tokenizer
-    messages = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "a"},
-                {"role": "user", "content": FOLLOW_UP}]
+    messages = [{"role": "user", "content": PROMPT}]
+    if decisive == 1:
+        messages += [{"role": "assistant", "content": "a"}, {"role": "user", "content": FOLLOW_UP}]
     prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return list(tok(prompt, add_special_tokens=False)["input_ids"])
 
@@ -107,8 +101,7 @@ def success_probability(policy: Policy, decisive: int = 0) -> float:
     """P(success) of the current weights: the next-token mass on the printable ASCII ids after the prompt of the
     deciding turn (turn 0's prompt, or turn 1's after a fixed turn-0 reply)."""
     tok = policy.tokenizer
-    prompt = first_prompt_ids(policy) if decisive == 0 else turn_one_prompt_ids(policy)
-    ids = torch.tensor([prompt], device=policy.model.device)
+    ids = torch.tensor([prompt_ids(policy, decisive)], device=policy.model.device)
     chosen = [i for i in range(len(tok)) if is_choice(tok.decode([i]))]
     with torch.no_grad():
         probs = policy.model(ids).logits[0, -1].float().softmax(-1)
@@ -204,7 +197,7 @@ def run(schedule: str, turns: int, seed: int, decisive: int = 0) -> Run:
     start = success_probability(policy, decisive)
     recorder = StepMetrics()
     fit(module, data, callbacks=[recorder])
-    assert {t.turns[0].prompt_ids == first_prompt_ids(policy) for t in module.last_trajectories} == {True}
+    assert {t.turns[0].prompt_ids == prompt_ids(policy) for t in module.last_trajectories} == {True}
     return Run(start, success_probability(policy, decisive), [m["rollout/success"] for m in recorder.steps],
                recorder.steps, list(getattr(algo, "log", [])), time.perf_counter() - began)
 

@@ -267,8 +267,8 @@ def reopen_run(fit_config: Any) -> None:
     if not saved.get("run_id"):
         return
     uris = [init.get("tracking_uri") or DEFAULT_TRACKING_URI for init in inits]
-    same = [init for init, uri in zip(inits, uris, strict=True)
-            if absolute_uri(saved.get("tracking_uri", "")) == absolute_uri(uri)]
+    saved_uri = absolute_uri(saved.get("tracking_uri", ""))
+    same = [init for init, uri in zip(inits, uris, strict=True) if absolute_uri(uri) == saved_uri]
     for init in same:
         init.run_id = saved["run_id"]
     if not same:
