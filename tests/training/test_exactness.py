@@ -74,8 +74,10 @@ def test_two_ranks_make_the_one_process_update(tmp_path: Path, schedule: str, st
     _assert_same_update(one, two, {"grpo": 2, "turn_ppo": 4, "token_ppo": 4, "rtpo": 6}[schedule])
     # the step's logged metrics describe both ranks' trajectories
     assert one["metrics"]["rollout/reward"] == pytest.approx(two["metrics"]["rollout/reward"])  # type: ignore[index]
+    # the loss is a mean of O(1) terms ratio·A whose advantages nearly cancel (|loss| ~ 1e-4): float32 summation
+    # order (per rank, then across ranks) moves it by ~1e-8, more on some CPUs' kernels (1.8e-8 on an AVX-512 EPYC)
     assert one["metrics"]["train/policy_loss"] == pytest.approx(two["metrics"]["train/policy_loss"],  # type: ignore[index]
-                                                                rel=1e-4, abs=1e-8)
+                                                                rel=1e-4, abs=1e-7)
 
 
 @pytest.mark.slow

@@ -22,14 +22,14 @@ def test_the_update_holds_no_rollout_kv_and_leaves_no_gradients() -> None:
     original = module.update
 
     def update(*args: Any, **kwargs: Any) -> dict[str, float]:
-        kv_before.append(module.engine._prefix.tokens)  # type: ignore[attr-defined]
+        kv_before.append(module.session.engine._prefix.tokens)  # type: ignore[attr-defined]
         out = original(*args, **kwargs)
         grads_after.append(sum(p.grad is not None for p in module.parameters()))
         return out
 
     def training_forward(*_: Any) -> None:
         if torch.is_grad_enabled():  # not the engine's or the scoring passes
-            kv_during.append(module.engine._prefix.tokens)  # type: ignore[attr-defined]
+            kv_during.append(module.session.engine._prefix.tokens)  # type: ignore[attr-defined]
 
     module.update = update  # type: ignore[method-assign]
     hook = module.policy.backbone.register_forward_pre_hook(training_forward)

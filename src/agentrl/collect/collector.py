@@ -133,9 +133,11 @@ class Collector:
         group: int = 0,
         tree: int | None = None,
         replay: Replay | None = None,
+        sampling: SamplingParams | None = None,
     ) -> Trajectory:
-        """Run one episode; never raises for agent, tool or environment errors."""
-        llm = LLMClient(self.engine, self.tokenizer, self.sampling, session=session, seed=sample_seed,
+        """Run one episode (at ``sampling``, default the collector's); never raises for agent, tool or environment
+        errors."""
+        llm = LLMClient(self.engine, self.tokenizer, sampling or self.sampling, session=session, seed=sample_seed,
                         tool_parser=self.tool_parser, replay=replay, max_turns=self.max_turns)
         traj = Trajectory(task_id=task.id, seed=sample_seed, group=group, tree=tree,
                           branch_turn=None if replay is None else replay.branch_turn)
@@ -197,13 +199,15 @@ class Collector:
 
     # ------------------------------------------------------------------ collections
 
-    async def collect_groups(self, tasks: Sequence[Task], n: int, *, step: int) -> list[Trajectory]:
-        """``n`` episodes of each task; trajectories of task i get group id i."""
+    async def collect_groups(self, tasks: Sequence[Task], n: int, *, step: int,
+                             sampling: SamplingParams | None = None) -> list[Trajectory]:
+        """``n`` episodes of each task (at ``sampling``, default the collector's); trajectories of task i get
+        group id i."""
         if n < 1:
             raise ValueError(f"group size must be >= 1, got {n}")
         jobs = [
             self.episode(task, sample_seed=derive_seed(self.seed, step, task.id, "group", j),
-                         session=f"{step}/{task.id}/g{j}", group=i)
+                         session=f"{step}/{task.id}/g{j}", group=i, sampling=sampling)
             for i, task in enumerate(tasks) for j in range(n)
         ]
         return await self._gather(jobs)

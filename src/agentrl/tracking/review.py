@@ -32,6 +32,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from agentrl.runview import RunView, run_view
 from agentrl.tracking import figures
 from agentrl.tracking.chat import log_episode, reward_source
 from agentrl.tracking.store import MLflowLogger
@@ -90,17 +91,16 @@ def _git_commit() -> str | None:
     return None
 
 
-def run_tags(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, str]:
+def run_tags(trainer: pl.Trainer, view: RunView) -> dict[str, str]:
     """What identifies a run in the runs table: schedule, agent, environment, model, engine, world size, commit,
     and the command line as the run's description."""
-    agent = getattr(getattr(trainer, "datamodule", None), "agent", None)
-    env = getattr(agent, "env", None)
+    env = getattr(view.agent, "env", None)  # agents that play an environment have one; others do not
     tags = {
-        "agentrl.schedule": type(getattr(pl_module, "algorithm", None)).__name__,
-        "agentrl.agent": type(agent).__name__,
+        "agentrl.schedule": view.schedule_name,
+        "agentrl.agent": type(view.agent).__name__,
         "agentrl.environment": type(env).__name__ if env is not None else "none",
-        "agentrl.model": str(getattr(getattr(pl_module, "policy", None), "name", "")),
-        "agentrl.engine": type(getattr(pl_module, "engine_spec", None)).__name__,
+        "agentrl.model": view.model_name,
+        "agentrl.engine": view.engine_name,
         "agentrl.world_size": str(trainer.world_size),
         "mlflow.note.content": f"Command:\n\n    agentrl fit {shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])}",
     }
@@ -142,21 +142,22 @@ class TrajectoryLogger(pl.Callback):
         return None
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        logger = self._mlflow(trainer)
-        if logger is not None and trainer.is_global_zero:
-            tags = run_tags(trainer, pl_module)
+        logger, view = self._mlflow(trainer), run_view(pl_module)
+        if logger is not None and view is not None and trainer.is_global_zero:
+            tags = run_tags(trainer, view)
             safe_call(logger, "setting run tags", lambda c, r: [c.set_tag(r, k, v) for k, v in tags.items()])
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        logger = self._mlflow(trainer)
-        step = int(getattr(pl_module, "rl_step", batch_idx + 1))
-        due = self.every_n_steps and (step == 1 or step % self.every_n_steps == 0)
-        if logger is None or not trainer.is_global_zero or not due:
+        logger, view = self._mlflow(trainer), run_view(pl_module)
+        if logger is None or view is None or not trainer.is_global_zero:
             return
-        trajs = list(getattr(pl_module, "last_trajectories", []))[: self.max_trajectories]
-        model = str(getattr(getattr(pl_module, "policy", None), "name", "policy"))
-        source = reward_source(getattr(getattr(trainer, "datamodule", None), "agent", None))
+        step = view.rl_step
+        if not (self.every_n_steps and (step == 1 or step % self.every_n_steps == 0)):
+            return
+        trajs = list(view.last_trajectories)[: self.max_trajectories]
+        model = view.model_name
+        source = reward_source(view.agent)
         for traj in trajs:
             if self.traces:
                 safe_call(logger, "logging a trace", lambda c, r, t=traj: log_episode(
@@ -183,23 +184,20 @@ class TrajectoryLogger(pl.Callback):
             logger.end_status = "KILLED"  # stopped by a signal (after a checkpoint): resumable, not a failure
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        logger = self._mlflow(trainer)
-        steps = getattr(getattr(trainer, "datamodule", None), "steps", None)
-        if isinstance(logger, MLflowLogger) and steps is not None and getattr(pl_module, "rl_step", steps) < steps:
+        logger, view = self._mlflow(trainer), run_view(pl_module)
+        if isinstance(logger, MLflowLogger) and view is not None and view.rl_step < view.total_steps:
             logger.end_status = "KILLED"
-        if logger is None or not trainer.is_global_zero:
+        if logger is None or view is None or not trainer.is_global_zero:
             return
         safe_call(logger, "logging the reward curve", figures.reward_curve)
         safe_call(logger, "logging the RTPO per-depth figure", figures.rtpo_depths)
-        if self.log_final_model and getattr(pl_module, "policy", None) is not None:
-            safe_call(logger, "logging the final model", lambda c, r: self._final_model(c, r, pl_module))
+        if self.log_final_model:
+            safe_call(logger, "logging the final model", lambda c, r: self._final_model(c, r, view))
 
-    def _final_model(self, client: Any, run_id: str, pl_module: pl.LightningModule) -> None:
+    def _final_model(self, client: Any, run_id: str, view: RunView) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "final_model"
-            # sharded training: the whole weights, as gathered at the last push (no collective on rank 0 alone)
-            policy = getattr(pl_module, "whole_policy", None) or pl_module.policy
-            policy.save(out, tokenizer=True)  # type: ignore[union-attr,operator]
+            view.final_policy().save(out, tokenizer=True)
             client.log_artifacts(run_id, str(out), artifact_path="final_model")
         if self.register_model:
             from mlflow.exceptions import MlflowException

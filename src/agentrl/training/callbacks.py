@@ -18,9 +18,16 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from agentrl.runview import run_view
 from agentrl.training.checkpoint_io import AtomicCheckpointIO
 
 log = logging.getLogger(__name__)
+
+
+def _rl_step(pl_module: pl.LightningModule, default: int) -> int:
+    """The run's RL step (`agentrl.runview.RunView`), or ``default`` for a module that is not an agentrl run."""
+    view = run_view(pl_module)
+    return view.rl_step if view is not None else default
 
 
 class RLCheckpoint(ModelCheckpoint):
@@ -59,12 +66,12 @@ class RLCheckpoint(ModelCheckpoint):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        step = int(getattr(pl_module, "rl_step", batch_idx + 1))
+        step = _rl_step(pl_module, batch_idx + 1)
         if self.every_n_steps and step % self.every_n_steps == 0:
             self.save_now(trainer, step)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.save_now(trainer, int(getattr(pl_module, "rl_step", 0)))
+        self.save_now(trainer, _rl_step(pl_module, 0))
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         return None
@@ -104,7 +111,7 @@ class GracefulStop(Callback):
         # the signal may reach one rank only (the launcher's): every rank stops at the same step, or none does
         if not trainer.strategy.reduce_boolean_decision(self.requested is not None, all=False):
             return
-        step = int(getattr(pl_module, "rl_step", batch_idx + 1))
+        step = _rl_step(pl_module, batch_idx + 1)
         for cb in trainer.callbacks:  # type: ignore[attr-defined]
             if isinstance(cb, RLCheckpoint):
                 path = cb.save_now(trainer, step)
@@ -129,6 +136,6 @@ class DetachOnException(Callback):
     """Shut the rollout engine and loop down when fit fails (Lightning tells callbacks, not the module)."""
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        detach = getattr(pl_module, "detach", None)
-        if callable(detach):
-            detach()
+        view = run_view(pl_module)
+        if view is not None:
+            view.stop_rollouts()

@@ -10,18 +10,16 @@ follow, which run in engine worker threads with their own allocator arenas, do n
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from torch import nn
 
 from agentrl.models.memory import release_memory
 
 
-def before_update(module: Any) -> None:
+def before_update(drop_prefix_cache: Callable[[], None]) -> None:
     """Drop the embedded engine's prefix cache (stale once the weights change) and return freed memory."""
-    drop = getattr(getattr(module, "_engine", None), "drop_prefix_cache", None)
-    if callable(drop):
-        drop()
+    drop_prefix_cache()
     release_memory()
 
 

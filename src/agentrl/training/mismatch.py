@@ -7,8 +7,8 @@ KV cache, and bf16 autocast changes the numbers on either side; the recorded log
 *behaviour* policy π_b ≠ π_old. So, before the first epoch of an update:
 
 1. **Recompute π_old** (`recompute_on` decides): one no-grad forward per row, packed exactly like the update's rows
-   (`Learner.logprobs` scores the same turns with the same packing and temperature); the update's ratio then
-   starts at 1 up to the nondeterminism of the trainer's own kernels.
+   (the trainer's scorer, `AgentRLModule.logprobs`, scores the same turns with the same packing and temperature);
+   the update's ratio then starts at 1 up to the nondeterminism of the trainer's own kernels.
 2. **Correct π_old ≠ π_b** per token with ``ppo.correction`` (`agentrl.algorithms.correction`: TIS by default,
    token or turn MIS), weights multiplied into the per-token policy loss.
 3. **Measure** (``rollout/*``, over the trained turns' sampled tokens): ``logprob_mismatch_kl`` (k3 estimate of
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -35,24 +35,6 @@ from agentrl.training.settings import PPOSettings
 from agentrl.types import Trajectory
 
 Scorer = Callable[[Sequence[Trajectory], Iterable[TurnKey]], dict[TurnKey, list[float]]]
-
-
-class Trainer(Protocol):
-    """What the correction needs of the trainer (`AgentRLModule`)."""
-
-    engine_spec: Any
-    policy: Any
-
-    def logprobs(self, trajectories: Sequence[Trajectory], keys: Iterable[TurnKey]) -> dict[TurnKey, list[float]]:
-        ...
-
-
-async def engine_preflight(engine: Any, sampling: Any) -> None:
-    """The engine's own checks before any rollout, if it has some (`VLLMEngine.preflight`: its log-prob mode
-    against the sampling temperature, `agentrl.engines.logprobs_mode`)."""
-    check = getattr(engine, "preflight", None)
-    if check is not None:
-        await check(sampling)
 
 
 def engine_is_trainer(engine_spec: Any, policy: Any) -> bool:
@@ -74,13 +56,6 @@ def recompute_on(ppo: PPOSettings, engine_spec: Any, policy: Any) -> bool:
 def trained_keys(rows: Sequence[Row]) -> list[TurnKey]:
     """Keys of the turns of ``rows`` that have response tokens (the ones the update trains)."""
     return [key for r in rows for key, turn, _ in r.turns if turn.response_ids]
-
-
-def prepare_update(trainer: Trainer, trajectories: Sequence[Trajectory], rows: list[Row],
-                   ppo: PPOSettings) -> tuple[list[Row], dict[str, float]]:
-    """`with_old_logprobs` with the trainer's own scoring when `recompute_on` says so."""
-    score = trainer.logprobs if recompute_on(ppo, trainer.engine_spec, trainer.policy) else None
-    return with_old_logprobs(trajectories, rows, ppo, score)
 
 
 def with_old_logprobs(trajectories: Sequence[Trajectory], rows: list[Row], ppo: PPOSettings,

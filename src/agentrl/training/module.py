@@ -1,78 +1,63 @@
 """`AgentRLModule`: the policy, the turn critic and an algorithm schedule, trained with live rollouts.
 
-One training step is one RL iteration: the schedule collects rollouts with the current weights (through the
-data module's collector), computes advantages, runs PPO epochs over minibatches (manual optimization), and
-pushes the new weights to the rollout engine. Rollouts are collected *inside* the step, so Lightning's
-prefetching of the next batch (a list of tasks) can never run an episode with stale weights; every turn is
-stamped with the policy version, and the step checks the stamps.
+One training step is one RL iteration: the schedule collects rollouts with the current weights, computes
+advantages, runs PPO updates, and pushes the new weights to the rollout engine. Rollouts are collected *inside*
+the step, so Lightning's prefetching of the next batch (a list of tasks) can never run an episode with stale
+weights; every turn is stamped with the policy version, and the session checks the stamps.
 
-The schedule (`agentrl.training.schedules`) decides *what* to collect and *which* turns to train with which
-advantages; this module owns *how*: packing turns into rows, micro-batching, the losses, optimizers, gradient
-clipping, the non-finite-update guard, metrics, and the engine.
+This module is the thin adapter between Lightning and the parts that do the work:
+
+* the **schedule** (`agentrl.training.schedules`, `rtpo`) decides *what* to collect and *which* turns to train
+  with which targets, talking to this module only through the `Learner` protocol;
+* the **rollout session** (`agentrl.training.session`) owns the loop, the engine and the collector;
+* the **PPO update** (`agentrl.training.update`) owns epochs, minibatches, micro-batches, optimizer steps,
+  clipping and the non-finite guard; the **row plan** (`agentrl.training.rowplan`) packs and micro-batches turns;
+* **evaluation** (`agentrl.training.evaluation`) says when to evaluate and plays the held-out tasks.
+
+What stays here is what Lightning needs of a module (optimizers, hooks, checkpoint state, logging) and the
+`RunView` (`agentrl.runview`) that callbacks read.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Coroutine, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Coroutine, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
 from agentrl.agents.base import Task
-from agentrl.collect.collector import CollectStats
-from agentrl.collect.runtime import RolloutRuntime
 from agentrl.engines.specs import EngineSpec, HFEngineSpec
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
-from agentrl.seeding import derive_seed
-from agentrl.training import distributed, evaluation, memory, mismatch, sharding
-from agentrl.training.batching import (
-    Row,
-    TurnKey,
-    TurnTargets,
-    collate,
-    context_targets,
-    micro_batches,
-    pack_rows,
-    score_turns,
-    token_counts,
-)
+from agentrl.runview import RunView, SavesModel
+from agentrl.training import distributed, evaluation, memory, sharding
+from agentrl.training.batching import TurnKey, TurnTargets
 from agentrl.training.callbacks import DetachOnException
+from agentrl.training.datamodule import RolloutDataModule
 from agentrl.training.metrics import reduce_across_ranks
-from agentrl.training.objective import (
-    aggregation_divisor,
-    clip_gradients,
-    has_signal,
-    minibatch_units,
-    ppo_objective,
-    value_units,
-)
+from agentrl.training.mismatch import recompute_on
 from agentrl.training.perf import measure_peak_flops, step_perf_metrics, train_flops
+from agentrl.training.rowplan import RowPlan
+from agentrl.training.session import RolloutSession
 from agentrl.training.settings import CriticSettings, OptimSettings, PPOSettings
-from agentrl.training.sharding import ShardedTraining
-from agentrl.types import Trajectory, TurnBatch
+from agentrl.training.update import NonFiniteUpdateError, PPOUpdate
+from agentrl.types import Trajectory
 
 if TYPE_CHECKING:
     from agentrl.collect.collector import Collector
-    from agentrl.engines.base import RolloutEngine
     from agentrl.training.schedules import Schedule
 
+__all__ = ["AgentRLModule", "NonFiniteUpdateError"]
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
-class NonFiniteUpdateError(RuntimeError):
-    """Too many consecutive updates had a non-finite loss or gradient."""
-
-
-class AgentRLModule(ShardedTraining, pl.LightningModule):
+class AgentRLModule(pl.LightningModule, RunView):
     """Policy + turn critic + schedule.
 
     Args:
@@ -114,21 +99,16 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         self.micro_batch_tokens = micro_batch_tokens
         self.pack_turns = pack_turns
         self.peak_flops = peak_flops
-        self.seed = seed
         self.rl_step = 0
         self.generated_tokens = 0  # sampled for training, all ranks, over the run (the learning budget's axis)
         self.policy_version = 0
-        self.temperature = 1.0
-        self._bad_updates = 0
-        self._runtime: RolloutRuntime | None = None
-        self._engine: RolloutEngine | None = None
-        self._collector: Collector | None = None
-        self._step_stats: dict[str, float] = defaultdict(float)
+        self.session = RolloutSession(self.engine_spec)
+        self.ppo_update = PPOUpdate(policy, self.critic, self.optim, self.critic_settings, seed)
         self.last_trajectories: list[Trajectory] = []
         self.last_metrics: dict[str, float] = {}
-        self._full_policy: list[Policy] = []
         self.last_eval: dict[str, float] = {}
         self.base_eval: dict[str, float] = {}  # the held-out evaluation of the starting weights (not on resume)
+        self._full_policy: list[Policy] = []  # sharded training: the engine's unsharded copy (a list: no submodule)
 
     @staticmethod
     def check_args(uses_lora: bool, algorithm: Schedule, micro_batch_tokens: int) -> None:
@@ -138,7 +118,7 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         if algorithm.needs_reference and not uses_lora:
             raise ValueError("algorithm.ppo.kl_coef > 0 needs a LoRA policy (policy.lora): the base is the reference")
 
-    # ------------------------------------------------------------------ lifecycle
+    # ------------------------------------------------------------------ Lightning: model, optimizers, hooks
 
     def train(self, mode: bool = True) -> AgentRLModule:
         """Lightning switches the module to training mode; the policy and critic still score in eval mode (no
@@ -149,6 +129,13 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
             self.critic.eval()
         return self
 
+    def configure_model(self) -> None:
+        """Under `ModelParallelStrategy`: shard the policy and the critic (FSDP2), keeping an unsharded copy of
+        the policy for the engine (`agentrl.training.sharding`). Nothing to do under other strategies."""
+        mesh = getattr(self, "_device_mesh", None)  # set by ModelParallelStrategy only
+        if mesh is not None and not self._full_policy:
+            self._full_policy = [sharding.shard_for_training(self.policy, self.critic, mesh["data_parallel"])]
+
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         o = self.optim
         opts: list[torch.optim.Optimizer] = [torch.optim.AdamW(
@@ -158,15 +145,24 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
                                           betas=(o.beta1, o.beta2), weight_decay=o.weight_decay))
         return opts
 
-    def setup(self, stage: str) -> None:
-        dm = self.trainer.datamodule  # type: ignore[attr-defined]
-        if dm is None or not hasattr(dm, "make_collector"):
+    def configure_callbacks(self) -> list[pl.Callback]:
+        # Lightning tells callbacks, not the module, about exceptions: stop the engine and loop through one
+        return [DetachOnException()]
+
+    @property
+    def data(self) -> RolloutDataModule:
+        """The trainer's data module (a `RolloutDataModule`: tasks, the agent, sampling, evaluation settings)."""
+        dm = self.trainer.datamodule  # type: ignore[attr-defined]  # set by Lightning at fit, not declared
+        if not isinstance(dm, RolloutDataModule):
             raise ValueError("AgentRLModule needs a RolloutDataModule (config key 'data')")
-        dm.configure(self.algorithm.episodes_per_task)  # a bad batch size stops here, before any work
+        return dm
+
+    def setup(self, stage: str) -> None:
+        self.data.configure(self.algorithm.episodes_per_task)  # a bad batch size stops here, before any work
 
     def on_fit_start(self) -> None:
         # after checkpoint restore and device placement: the engine starts at the restored policy version
-        self.attach(self.trainer.datamodule.make_collector)  # type: ignore[attr-defined]
+        self.attach(self.data.make_collector)
         if self.peak_flops is None:
             self.peak_flops = measure_peak_flops(self.device, self.policy.compute_dtype)
         for logger in self.trainer.loggers:  # what `compute_dtype: auto` chose on this machine, for review
@@ -178,40 +174,18 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
             self.base_eval = self.evaluate("base")
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        evaluation.after_step(self, self.generated_tokens - int(self.last_metrics.get("perf/generated_tokens", 0)))
+        plan, tokens = self._eval_plan, self.generated_tokens
+        if plan.budget_spent(tokens):
+            self.trainer.should_stop = True  # the final evaluation follows in on_train_end
+        elif plan.due_after(self.rl_step, tokens - int(self.last_metrics.get("perf/generated_tokens", 0)), tokens):
+            self.evaluate(f"step {self.rl_step} ({self.generated_tokens} tokens)")
 
     def on_train_end(self) -> None:
-        evaluation.at_end(self)
-
-    def attach(self, make_collector: Any) -> None:
-        """Start the rollout loop and the engine, connect the collector, and push the current weights."""
-        self.detach()
-        self._runtime = RolloutRuntime()
-        serving = self._serve_policy()
-        self._engine = self.engine_spec.build(serving)
-        self._collector = make_collector(self._engine, self.policy.tokenizer)
-        self.run_async(mismatch.engine_preflight(self._engine, self._collector.sampling))  # e.g. vLLM log-prob mode
-        self.temperature = self._collector.sampling.temperature or 1.0
-        self.run_async(self._engine.update_weights(serving, version=self.policy_version))
-
-    def evaluate(self, label: str) -> dict[str, float]:
-        """Play the held-out tasks with the current weights; logs ``eval/*`` (see `agentrl.training.evaluation`)."""
-        return evaluation.evaluate(self, label)
+        if self._eval_plan.final_due(self.rl_step, self.generated_tokens):
+            self.evaluate("final")
 
     def on_fit_end(self) -> None:
         self.detach()
-
-    def configure_callbacks(self) -> list[pl.Callback]:
-        # Lightning tells callbacks, not the module, about exceptions: stop the engine and loop through one
-        return [DetachOnException()]
-
-    def detach(self) -> None:
-        if self._runtime is not None:
-            shutdown = getattr(self._engine, "shutdown", None)
-            if shutdown is not None:
-                self._runtime.run(shutdown())
-            self._runtime.close()
-        self._runtime = self._engine = self._collector = None
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["agentrl"] = {"rl_step": self.rl_step, "policy_version": self.policy_version,
@@ -222,54 +196,66 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         self.rl_step = int(state.get("rl_step", 0))
         self.policy_version = int(state.get("policy_version", 0))
         self.generated_tokens = int(state.get("generated_tokens", 0))
-        if self._engine is not None:  # restored after the engine started (sharded checkpoints): serve these weights
-            self.run_async(self._engine.update_weights(self._serve_policy(), version=self.policy_version))
+        if self.session.started:  # restored after the engine started (sharded checkpoints): serve these weights
+            self.session.push(self._serve_policy(), self.policy_version)
 
-    # ------------------------------------------------------------------ rollouts (used by schedules)
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        return batch  # a list of tasks: nothing to move; rollouts are made on the right device later
+
+    # ------------------------------------------------------------------ the rollout session
+
+    def attach(self, make_collector: Any) -> None:
+        """Start the rollout loop and the engine, connect the collector, and serve the current weights."""
+        self.session.start(self._serve_policy(), make_collector, self.policy_version)
+
+    def detach(self) -> None:
+        """Stop the engine and the rollout loop (idempotent)."""
+        self.session.stop()
+
+    def evaluate(self, label: str) -> dict[str, float]:
+        """Play the held-out tasks with the current weights, log ``eval/*`` to every logger and print a line
+        (rank 0; `agentrl.training.evaluation`). Returns the metrics ({} when nothing was played)."""
+        plan = self._eval_plan
+        if not plan.episodes or not self.session.started or not self.trainer.is_global_zero:
+            return {}
+        metrics = evaluation.evaluate(self.session, self.data.eval_task_list(), greedy=plan.greedy,
+                                      generated_tokens=self.generated_tokens)
+        for logger in self.trainer.loggers:  # every logger: `trainer.logger` is only the first of several
+            logger.log_metrics(metrics, step=self.rl_step)
+        print(evaluation.summary_line(label, plan.episodes, metrics, plan.greedy), flush=True)
+        self.last_eval = metrics
+        return metrics
+
+    @property
+    def _eval_plan(self) -> evaluation.EvalPlan:
+        dm = self.data
+        return evaluation.EvalPlan(episodes=dm.eval_episodes, greedy=dm.eval_greedy, every=dm.eval_every,
+                                   every_tokens=dm.eval_every_tokens, steps=dm.steps,
+                                   max_generated_tokens=dm.max_generated_tokens)
+
+    def _serve_policy(self) -> Policy:
+        """The policy the engine runs: the policy itself, or (sharded) its full copy refreshed (a collective)."""
+        if not self._full_policy:
+            return self.policy
+        sharding.refresh_full_copy(self.policy, self._full_policy[0])
+        return self._full_policy[0]
+
+    # ------------------------------------------------------------------ the Learner (what schedules call)
 
     @property
     def collector(self) -> Collector:
-        if self._collector is None:
-            raise RuntimeError("the module is not attached to a collector (fit not started)")
-        return self._collector
-
-    @property
-    def engine(self) -> RolloutEngine:
-        if self._engine is None:
-            raise RuntimeError("the module has no engine yet (fit not started)")
-        return self._engine
-
-    def run_async(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._runtime is None:
-            raise RuntimeError("rollout runtime not started")
-        return self._runtime.run(coro)
+        return self.session.collector
 
     def collect(self, coro: Coroutine[Any, Any, list[Trajectory]]) -> list[Trajectory]:
-        """Run one collection with the current weights, check the version stamps, and account for its cost."""
-        if self.engine.version != self.policy_version:
-            raise RuntimeError(f"engine serves version {self.engine.version} but the policy is at "
-                               f"{self.policy_version}: push the weights before collecting")
-        trajs = self.run_async(coro)
+        """Run one collection with the served weights; checks the version stamps and counts the cost."""
+        trajs = self.session.collect(coro, self.policy_version)
         self.last_trajectories = trajs
-        stale = {t.policy_version for tr in trajs for t in tr.turns if not t.forced} - {self.policy_version}
-        if stale:
-            raise RuntimeError(f"rollouts used stale weights (versions {sorted(stale)}, current "
-                               f"{self.policy_version})")
-        stats: CollectStats = self.collector.reset_stats()
-        s = self._step_stats
-        s["episodes"] += stats.episodes
-        s["failed"] += stats.failed
-        s["generated_tokens"] += stats.generated_tokens
-        s["sampled_turns"] += stats.sampled_turns
-        s["rollout_seconds"] += stats.seconds
         return trajs
 
     def push_weights(self) -> None:
         """Serve the updated weights: every later rollout uses them."""
         self.policy_version += 1
-        self.run_async(self.engine.update_weights(self._serve_policy(), version=self.policy_version))
-
-    # ------------------------------------------------------------------ scoring (used by schedules)
+        self.session.push(self._serve_policy(), self.policy_version)
 
     @torch.no_grad()
     def values(self, trajectories: Sequence[Trajectory], keys: Iterable[TurnKey]) -> dict[TurnKey, list[float]]:
@@ -277,27 +263,33 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         critic = self.critic
         if critic is None:
             raise RuntimeError("this schedule has no critic")
-        scored = self._score(trajectories, keys, lambda b: critic(b.input_ids, b.attention_mask))
+        scored = self.row_plan.score(trajectories, keys, lambda b: critic(b.input_ids, b.attention_mask))
         return {key: v.tolist() for key, v in scored.items()}
 
     @torch.no_grad()
     def logprobs(self, trajectories: Sequence[Trajectory], keys: Iterable[TurnKey]) -> dict[TurnKey, list[float]]:
         """The current policy's log-probs of the named turns' response tokens."""
-        scored = self._score(trajectories, keys,
-                             lambda b: self.policy.logprobs(b, temperature=self.temperature).logprobs)
+        scored = self.row_plan.score(
+            trajectories, keys, lambda b: self.policy.logprobs(b, temperature=self.temperature).logprobs)
         return {key: v.tolist() for key, v in scored.items()}
 
-    def _score(self, trajectories: Sequence[Trajectory], keys: Iterable[TurnKey],
-               fn: Callable[[TurnBatch], Tensor]) -> dict[TurnKey, Tensor]:
-        rows = pack_rows(trajectories, context_targets(keys), pack=self.pack_turns)
-        if not self._sharded:
-            return score_turns(rows, self.micro_batch_tokens, self._pad_id, self.device, fn)
-        # forwards are collectives: as many as the rank with the most micro-batches. The ranks agree on that count
-        # (itself a collective) before any forward, so that no rank's count meets another's forward.
-        padding = self._micro_batches(rows)[len(micro_batches(rows, self.micro_batch_tokens)):]
-        out = score_turns(rows, self.micro_batch_tokens, self._pad_id, self.device, fn)
-        for micro in padding:
-            fn(collate(micro, self._pad_id).to(self.device))
+    def update(self, trajectories: Sequence[Trajectory], targets: dict[TurnKey, TurnTargets],
+               ppo: PPOSettings, *, tag: str = "") -> dict[str, float]:
+        """PPO epochs × minibatches over the selected turns (`agentrl.training.update.PPOUpdate`).
+
+        On several ranks this is the update one process would make over every rank's turns: each minibatch's
+        unit counts are summed over the ranks, every micro-batch's loss is scaled by its share of the *global*
+        units, and gradients are summed (not averaged) across ranks before the optimizer step. Every rank runs
+        the same number of optimizer steps, with or without rows of its own.
+        """
+        memory.before_update(self.session.drop_prefix_cache)
+        opts = self.optimizers()
+        score_old = self.logprobs if recompute_on(ppo, self.engine_spec, self.policy) else None
+        out = self.ppo_update.run(trajectories, targets, ppo, plan=self.row_plan,
+                                  optimizers=opts if isinstance(opts, list) else [opts],
+                                  backward=self.manual_backward, score_old=score_old,
+                                  temperature=self.temperature, step=self.rl_step, tag=tag)
+        memory.after_update(self)
         return out
 
     def sync_max(self, value: int) -> int:
@@ -307,125 +299,37 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         return distributed.sum_tensor(values, self.device)
 
     @property
-    def _pad_id(self) -> int:
+    def temperature(self) -> float:
+        """The sampling temperature the trainer scores log-probs at (the collector's)."""
+        return self.session.temperature
+
+    @property
+    def pad_id(self) -> int:
         pad = self.policy.tokenizer.pad_token_id
         return int(pad if pad is not None else self.policy.tokenizer.eos_token_id)
 
-    # ------------------------------------------------------------------ the update
-
-    def update(self, trajectories: Sequence[Trajectory], targets: dict[TurnKey, TurnTargets],
-               ppo: PPOSettings, *, tag: str = "") -> dict[str, float]:
-        """PPO epochs × minibatches over the selected turns. Returns the ``train/*`` metrics (averaged over the
-        optimizer steps; ``train/skipped_updates`` counted).
-
-        On several ranks this is the update one process would make over every rank's turns: each minibatch's
-        unit counts are summed over the ranks, every micro-batch's loss is scaled by its share of the *global*
-        units, and gradients are summed (not averaged) across ranks before the optimizer step. Every rank runs
-        the same number of optimizer steps, with or without rows of its own.
-        """
-        memory.before_update(self)
-        rows = pack_rows(trajectories, targets, pack=self.pack_turns)
-        rows = [r for r in rows if any(t.response_ids for _, t, _ in r.turns)]
-        most_rows = distributed.sync_max(len(rows), self.device)
-        if most_rows == 0:
-            return {"train/skipped_updates": 1.0}
-        rows, behaviour_stats = mismatch.prepare_update(self, trajectories, rows, ppo)  # π_old, TIS/MIS, metrics
-        packed, unpacked = token_counts(rows)
-        self._step_stats["packed_tokens"] += packed
-        self._step_stats["unpacked_tokens"] += unpacked
-        gen = torch.Generator().manual_seed(derive_seed(self.seed, self.rl_step, "minibatches", tag))
-        size = ppo.minibatch_size or max(len(rows), 1)
-        n_minibatches = 1 if ppo.minibatch_size is None else -(-most_rows // size)
-        totals: dict[str, float] = defaultdict(float)
-        start = time.perf_counter()
-        for _ in range(ppo.epochs):
-            order = torch.randperm(len(rows), generator=gen).tolist()
-            for m in range(n_minibatches):
-                stats = self._minibatch_step([rows[i] for i in order[m * size : (m + 1) * size]], ppo)
-                for k, v in stats.items():
-                    totals[k] += v
-        self._step_stats["train_seconds"] += time.perf_counter() - start
-        memory.after_update(self)
-        steps = ppo.epochs * n_minibatches
-        out = {k: v / steps for k, v in totals.items()}
-        out["train/skipped_updates"] = totals.get("train/skipped_updates", 0.0)
-        return out | behaviour_stats
-
-    def _minibatch_step(self, rows: list[Row], ppo: PPOSettings) -> dict[str, float]:
-        local = torch.tensor([minibatch_units(rows, ppo), value_units(rows), float(has_signal(rows, ppo))],
-                             dtype=torch.float64)
-        units, v_units, signal = distributed.sum_tensor(local, self.device).tolist()
-        if signal == 0:  # no rank has a gradient signal: an AdamW step would still move the weights
-            return {"train/skipped_updates": 1.0}
-        opts = self.optimizers()
-        opts = opts if isinstance(opts, list) else [opts]
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
-        stats: dict[str, float] = defaultdict(float)
-        for micro in self._micro_batches(rows):
-            batch = collate(micro, self._pad_id).to(self.device)
-            share = aggregation_divisor(micro, ppo) / max(units, 1e-12)
-            loss, micro_stats = ppo_objective(self.policy, self.critic, batch, ppo, temperature=self.temperature,
-                                              vf_coef=self.critic_settings.vf_coef, share=share,
-                                              value_units=v_units, lockstep=self._sharded)
-            self.manual_backward(loss)
-            for k, v in micro_stats.items():
-                stats[k] += v * share
-            self._step_stats["train_tokens"] += float(batch.attention_mask.sum())
-            self._step_stats["scored_tokens"] += float(batch.response_mask.sum())
-        return self._step_optimizers(opts, stats)
-
-    def _step_optimizers(self, opts: list[Any], stats: dict[str, float]) -> dict[str, float]:
-        """Clip gradients, guard against non-finite updates, step the optimizers."""
-        o = self.optim
-        params = self.policy.trainable_parameters()
-        critic_params = self.critic.trainable_parameters() if self.critic is not None else []
-        if self._sharded:
-            sharding.sum_gradients(params + critic_params)  # FSDP shards: reduce-scattered (averaged) already
-        else:
-            distributed.sum_gradients(params + critic_params)  # one all-reduce for both
-        norm = clip_gradients(params, o.max_grad_norm)
-        stats["train/grad_norm"] = norm
-        finite = math.isfinite(norm) and all(math.isfinite(v) for v in stats.values())
-        if self.critic is not None:
-            c_norm = clip_gradients(critic_params, o.critic_max_grad_norm)
-            stats["train/critic_grad_norm"] = c_norm
-            finite = finite and math.isfinite(c_norm)
-        finite = distributed.sync_all(finite, self.device)  # every rank skips, or none does
-        if not finite:
-            self._bad_updates += 1
-            stats["train/skipped_updates"] = 1.0
-            log.warning("non-finite loss or gradient: update skipped (%d in a row)", self._bad_updates)
-            for opt in opts:
-                opt.zero_grad(set_to_none=True)
-            if self._bad_updates >= o.max_bad_updates:
-                raise NonFiniteUpdateError(
-                    f"{self._bad_updates} non-finite updates in a row (optim.max_bad_updates="
-                    f"{o.max_bad_updates}); lower optim.lr or check the rewards")
-            return {k: (0.0 if not math.isfinite(v) else v) for k, v in stats.items()}
-        self._bad_updates = 0
-        for opt in opts:
-            opt.step()
-        return dict(stats)
+    @property
+    def row_plan(self) -> RowPlan:
+        return RowPlan(self.micro_batch_tokens, self.pack_turns, self.pad_id, self.device,
+                       lockstep=bool(self._full_policy))
 
     # ------------------------------------------------------------------ the training step
 
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        return batch  # a list of tasks: nothing to move; rollouts are made on the right device later
-
     def training_step(self, tasks: list[Task], batch_idx: int) -> None:
         start = time.perf_counter()
-        self._step_stats = defaultdict(float)
-        # under DDP, backward passes only accumulate locally; `_step_optimizers` averages the gradients itself
+        self.session.take_costs()  # nothing from outside the step counts
+        self.ppo_update.take_costs()
+        # under DDP, backward passes only accumulate locally; the update sums the gradients itself
         # (ranks run different numbers of backward passes: see agentrl.training.distributed)
         block_sync = getattr(self.trainer.strategy, "block_backward_sync", contextlib.nullcontext)
         with block_sync():
             metrics = self.algorithm.step(self, list(tasks))
-        if not self._sharded:  # sharded ranks hold different shards by design
+        if not self._full_policy:  # sharded ranks hold different shards by design
             distributed.check_in_sync(self.policy.trainable_parameters(), self.device)
         self.rl_step += 1
-        metrics.update(step_perf_metrics(self._step_stats, time.perf_counter() - start, self.policy_version,
-                                         mfu=self._mfu))
+        costs = defaultdict(float, self.session.take_costs() | self.ppo_update.take_costs())
+        metrics.update(step_perf_metrics(costs, time.perf_counter() - start, self.policy_version,
+                                         mfu=lambda seconds: self._mfu(costs, seconds)))
         metrics = reduce_across_ranks(metrics)  # every rank's episodes and turns, not rank 0's
         self.generated_tokens += int(metrics.get("perf/generated_tokens", 0))
         metrics["perf/generated_tokens_total"] = float(self.generated_tokens)
@@ -438,11 +342,38 @@ class AgentRLModule(ShardedTraining, pl.LightningModule):
         log.info("step %d: reward %.3f, success %.3f, %.1f s", self.rl_step, reward,
                  metrics.get("rollout/success", float("nan")), metrics["perf/step_seconds"])
 
-
-    def _mfu(self, train_seconds: float) -> float | None:
+    def _mfu(self, costs: dict[str, float], train_seconds: float) -> float | None:
         """MFU of the step's update: FLOPs / seconds / peak (None without a peak)."""
-        s = self._step_stats
         if not self.peak_flops:
             return None
-        flops = train_flops(self.policy, self.critic, s["train_tokens"], s["scored_tokens"])
+        flops = train_flops(self.policy, self.critic, costs["train_tokens"], costs["scored_tokens"])
         return flops / train_seconds / self.peak_flops
+
+    # ------------------------------------------------------------------ the RunView (what callbacks read)
+
+    @property
+    def total_steps(self) -> int:
+        return int(self.data.steps)
+
+    @property
+    def schedule_name(self) -> str:
+        return type(self.algorithm).__name__
+
+    @property
+    def model_name(self) -> str:
+        return str(self.policy.name)
+
+    @property
+    def engine_name(self) -> str:
+        return type(self.engine_spec).__name__
+
+    @property
+    def agent(self) -> Any:
+        return self.data.agent
+
+    def final_policy(self) -> SavesModel:
+        # sharded training: the whole weights, as gathered at the last push (no collective on rank 0 alone)
+        return self._full_policy[0] if self._full_policy else self.policy
+
+    def stop_rollouts(self) -> None:
+        self.detach()

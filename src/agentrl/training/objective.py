@@ -8,7 +8,8 @@ for less than one unit (`TurnTargets.unit`, e.g. GRPO's trajectory weighting giv
 aggregation divides by its plain count (`aggregation_divisor`); the micro-batch's share is count / units. Summed
 over micro-batches — and over ranks, with the units summed over ranks too — this is exactly one process's update.
 
-Pure of Lightning: the module calls `ppo_objective` for each micro-batch and does the backward itself.
+Pure of Lightning: the update (`agentrl.training.update`) calls `ppo_objective` for each micro-batch and does the
+backward itself.
 """
 
 from __future__ import annotations
@@ -69,35 +70,6 @@ def ppo_objective(
             stats["train/value_loss"] = vl.loss.item() * v_share / share
             stats["train/value_clipfrac"] = float(vl.clipfrac) * v_share / share
     return loss, stats
-
-
-def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
-    """Clip the gradients of ``params`` to ``max_norm`` (0: no clipping); returns the norm before clipping.
-    Sharded (DTensor) gradients count with their full norm."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return 0.0
-    if any(hasattr(g, "full_tensor") for g in grads):
-        return _clip_mixed(grads, max_norm)
-    if max_norm > 0:
-        return float(torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm))
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
-
-
-def _clip_mixed(grads: list[Tensor], max_norm: float) -> float:
-    """`clip_grad_norm_` for a mix of sharded and replicated gradients (same rule: scale by
-    ``min(1, max_norm / (norm + 1e-6))``)."""
-    squares = []
-    for g in grads:
-        n = torch.linalg.vector_norm(g)
-        full = getattr(n, "full_tensor", None)
-        squares.append((full() if callable(full) else n).double() ** 2)
-    norm = float(torch.stack(squares).sum().sqrt())
-    if max_norm > 0:
-        coef = min(1.0, max_norm / (norm + 1e-6))
-        for g in grads:
-            g.mul_(coef)
-    return norm
 
 
 def minibatch_units(rows: Sequence[Row], ppo: PPOSettings) -> float:

@@ -27,8 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import MLFlowLogger
+
+from agentrl.runview import run_view
+from agentrl.tracking.review import TrajectoryLogger
 
 VERBOSE_ENV = "AGENTRL_VERBOSE"
 _NOISY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "mlflow", "alembic",
@@ -129,7 +132,8 @@ class RunProgress(ProgressBar):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start = 0.0  # set at the first step: the module's base evaluation follows this hook
-        self._first_step = int(getattr(pl_module, "rl_step", 0))
+        view = run_view(pl_module)
+        self._first_step = view.rl_step if view is not None else 0
         if self._first_step:
             self._say(trainer, f"[agentrl] resumed at step {self._first_step} from {trainer.ckpt_path}")
 
@@ -137,13 +141,12 @@ class RunProgress(ProgressBar):
                              batch_idx: int) -> None:
         self._start = self._start or time.perf_counter()
 
-    def _steps(self, trainer: pl.Trainer) -> int:
-        return int(getattr(trainer.datamodule, "steps", 0) or self.total_train_batches)  # type: ignore[attr-defined]
-
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        m = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
-        step, total = int(getattr(pl_module, "rl_step", batch_idx + 1)), self._steps(trainer)
+        m = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+        view = run_view(pl_module)
+        step = view.rl_step if view is not None else batch_idx + 1
+        total = view.total_steps if view is not None else int(self.total_train_batches)
         done = max(step - self._first_step, 1)
         eta = (time.perf_counter() - self._start) / done * max(total - step, 0)
         self._say(trainer, (
@@ -152,20 +155,21 @@ class RunProgress(ProgressBar):
             f"{int(m.get('perf/generated_tokens', 0))} tokens  ETA {_clock(eta)}"))
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.is_global_zero:
+        view = run_view(pl_module)
+        if not trainer.is_global_zero or view is None:
             return
-        step = int(getattr(pl_module, "rl_step", 0))
-        final = getattr(pl_module, "last_eval", {}) or {}
-        lines = [f"[agentrl] done: {step} steps in {_clock(time.perf_counter() - self._start if self._start else 0.0)}"]
-        base = getattr(pl_module, "base_eval", {}) or {}
+        final, base = view.last_eval, view.base_eval
+        elapsed = _clock(time.perf_counter() - self._start if self._start else 0.0)
+        lines = [f"[agentrl] done: {view.rl_step} steps in {elapsed}"]
         if "eval/success" in base and "eval/success" in final and final is not base:
             lines.append(f"  held-out success: base {base['eval/success']:.3f} -> final "
                          f"{final['eval/success']:.3f} ({int(final.get('eval/episodes', 0))} episodes)")
-        for cb in trainer.callbacks:  # type: ignore[attr-defined]
-            if getattr(cb, "last_model_path", None):
+        for cb in trainer.checkpoint_callbacks:
+            if isinstance(cb, ModelCheckpoint) and cb.last_model_path:
                 lines.append(f"  checkpoint: {cb.last_model_path} (resume with --ckpt_path last)")
         logger = _mlflow(trainer)
-        if logger is not None and any(getattr(cb, "log_final_model", False) for cb in trainer.callbacks):  # type: ignore[attr-defined]
+        if logger is not None and any(isinstance(cb, TrajectoryLogger) and cb.log_final_model
+                                      for cb in trainer.callbacks):  # type: ignore[attr-defined]
             try:
                 uri = logger.experiment.get_run(logger.run_id).info.artifact_uri
                 lines.append(f"  final model: {uri}/final_model (transformers/peft from_pretrained)")

@@ -75,7 +75,6 @@ class RTPO(Schedule):
         self.max_depth = max_depth
         self.off_policy_continuation = off_policy_continuation
         self.is_clamp = is_clamp
-        self.depth_log: list[tuple[int, int]] = []  # (k, policy version its siblings were sampled with)
 
     @property
     def siblings(self) -> int:
@@ -99,14 +98,12 @@ class RTPO(Schedule):
         if self.off_policy_continuation:
             for k in range(depth):
                 upfront[k] = learner.collect(col.branch(ok, by_id, k, self.siblings, step=step))
-        self.depth_log = []
         per_depth: list[dict[str, float]] = []
         for k in reversed(range(depth)):
             if self.off_policy_continuation:
                 siblings = upfront[k]
             else:
                 siblings = learner.collect(col.branch(ok, by_id, k, self.siblings, step=step))
-            self.depth_log.append((k, learner.policy_version))
             stats, train = self._update_depth(learner, k, siblings)
             per_depth.append(train)
             metrics.update({f"rtpo/depth{k}/{name}": v for name, v in stats.items()})

@@ -2,7 +2,7 @@
 
 Select it with ``--trainer.strategy lightning.pytorch.strategies.ModelParallelStrategy`` and
 ``data_parallel_size: N, tensor_parallel_size: 1`` (configs/scale/rtpo_fsdp2_gpu.yaml). `AgentRLModule.configure_model`
-then shards every decoder layer of the policy (and of the critic's backbone) with
+then shards (`shard_for_training`) every decoder layer of the policy (and of the critic's backbone) with
 ``torch.distributed.fsdp.fully_shard`` over the data-parallel mesh (see `shard`). Three things change:
 
 * **Lockstep forwards.** A sharded layer all-gathers its weights in every forward and reduce-scatters its
@@ -22,7 +22,6 @@ Checkpoints are the strategy's distributed checkpoints (a folder per checkpoint;
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -30,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from agentrl.training import distributed
-from agentrl.training.batching import Row, micro_batches
+from agentrl.training.batching import Row
 
 
 def is_sharded(module: nn.Module) -> bool:
@@ -88,50 +87,11 @@ def refresh_full_copy(sharded: nn.Module, full: nn.Module) -> None:
     full.load_state_dict(state)
 
 
-class ShardedTraining:
-    """The module's side of sharding: `configure_model` and the lockstep micro-batching (mixed into
-    `AgentRLModule`, which provides ``policy``, ``critic``, ``micro_batch_tokens``, ``device`` and ``_pad_id``)."""
-
-    policy: Any
-    critic: Any
-    micro_batch_tokens: int
-    device: torch.device
-    _full_policy: list[Any]
-
-    @property
-    def _pad_id(self) -> int:
-        raise NotImplementedError
-
-    def configure_model(self) -> None:
-        """Under `ModelParallelStrategy`: shard the policy and the critic (FSDP2), keeping an unsharded copy of
-        the policy for the engine (`agentrl.training.sharding`). Nothing to do under other strategies."""
-        mesh = getattr(self, "_device_mesh", None)
-        if mesh is None or is_sharded(self.policy):
-            return
-        self._full_policy = [copy.deepcopy(self.policy)]  # in a list: not a submodule, not in checkpoints
-        shard(self.policy, mesh["data_parallel"])
-        if self.critic is not None:
-            shard(self.critic, mesh["data_parallel"])
-
-    @property
-    def _sharded(self) -> bool:
-        return bool(self._full_policy)
-
-    def _serve_policy(self) -> Any:
-        """The policy the engine runs: the policy itself, or (sharded) its refreshed full copy."""
-        if not self._full_policy:
-            return self.policy
-        refresh_full_copy(self.policy, self._full_policy[0])
-        return self._full_policy[0]
-
-    @property
-    def whole_policy(self) -> Any:
-        """The policy with whole (unsharded) weights, without a collective: the policy itself, or under sharding
-        its full copy as refreshed at the last weight push (every step ends with one) — what rank 0 saves."""
-        return self._full_policy[0] if self._full_policy else self.policy
-
-    def _micro_batches(self, rows: Sequence[Row]) -> list[list[Row]]:
-        micro = micro_batches(rows, self.micro_batch_tokens)
-        if not self._sharded:
-            return micro
-        return pad_micro_batches(micro, distributed.sync_max(len(micro), self.device), self._pad_id)
+def shard_for_training(policy: nn.Module, critic: nn.Module | None, mesh: Any) -> Any:
+    """Shard the policy and the critic (FSDP2) over ``mesh`` and return an unsharded copy of the policy, made
+    before sharding, for the engine (see the module docstring)."""
+    full = copy.deepcopy(policy)
+    shard(policy, mesh)
+    if critic is not None:
+        shard(critic, mesh)
+    return full

@@ -1,0 +1,139 @@
+"""`RolloutSession`: the rollout side of a run — the asyncio loop, the engine and the collector, from start to stop.
+
+The trainer (`AgentRLModule`) owns one session per fit. The session starts the loop thread and the engine, builds
+the collector, runs the engine's own preflight, and serves the weights it is given; after that it does three
+things, each checked:
+
+* **collect** — run a collection for training. The engine must serve the version the trainer is at, and every
+  sampled (not replayed) turn must carry that version afterwards; the collection's cost (episodes, failures,
+  generated tokens, sampled turns, seconds) is added to the step's counters (`take_costs`).
+* **push** — serve new weights under a new version number (a version bump for the embedded engine, a LoRA
+  hot-load for vLLM).
+* **play** — held-out episodes for evaluation, with the sampling passed as a value (greedy evaluation is
+  ``temperature=0``), outside the training counters.
+
+It knows nothing of optimizers, losses or Lightning.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from agentrl.collect.runtime import RolloutRuntime
+from agentrl.types import Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.agents.base import Task
+    from agentrl.collect.collector import Collector
+    from agentrl.engines.base import RolloutEngine
+    from agentrl.engines.specs import EngineSpec
+
+T = TypeVar("T")
+MakeCollector = Callable[[Any, Any], "Collector"]
+
+
+class RolloutSession:
+    """The loop, engine and collector of one fit (see the module docstring).
+
+    Args:
+        engine_spec: What engine to build (`agentrl.engines.specs`).
+    """
+
+    def __init__(self, engine_spec: EngineSpec) -> None:
+        self.engine_spec = engine_spec
+        self._runtime: RolloutRuntime | None = None
+        self._engine: RolloutEngine | None = None
+        self._collector: Collector | None = None
+        self._costs: defaultdict[str, float] = defaultdict(float)
+        self.temperature = 1.0  # the training sampling temperature, kept after a stop (scoring uses it)
+
+    @property
+    def started(self) -> bool:
+        return self._collector is not None
+
+    @property
+    def collector(self) -> Collector:
+        if self._collector is None:
+            raise RuntimeError("the rollout session is not started (fit not started)")
+        return self._collector
+
+    @property
+    def engine(self) -> RolloutEngine:
+        if self._engine is None:
+            raise RuntimeError("the rollout session has no engine yet (fit not started)")
+        return self._engine
+
+    def start(self, policy: Any, make_collector: MakeCollector, version: int) -> None:
+        """Start the loop and the engine on ``policy``, build the collector, and serve ``policy`` as ``version``."""
+        self.stop()
+        self._runtime = RolloutRuntime()
+        self._engine = self.engine_spec.build(policy)
+        self._collector = make_collector(self._engine, policy.tokenizer)
+        self.temperature = self._collector.sampling.temperature or 1.0
+        check = getattr(self._engine, "preflight", None)  # e.g. vLLM's log-prob mode against the temperature
+        if check is not None:
+            self.run(check(self._collector.sampling))
+        self.push(policy, version)
+
+    def stop(self) -> None:
+        """Shut the engine down and stop the loop (idempotent)."""
+        if self._runtime is not None:
+            shutdown = getattr(self._engine, "shutdown", None)
+            if shutdown is not None:
+                self._runtime.run(shutdown())
+            self._runtime.close()
+        self._runtime = self._engine = self._collector = None
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._runtime is None:
+            raise RuntimeError("rollout runtime not started")
+        return self._runtime.run(coro)
+
+    def push(self, policy: Any, version: int) -> None:
+        """Serve ``policy``'s weights as ``version``: every later rollout uses them."""
+        self.run(self.engine.update_weights(policy, version=version))
+
+    def drop_prefix_cache(self) -> None:
+        """Drop the embedded engine's prefix KV cache (stale once the weights change; engines without one: no-op)."""
+        drop = getattr(self._engine, "drop_prefix_cache", None)
+        if callable(drop):
+            drop()
+
+    def collect(self, coro: Coroutine[Any, Any, list[Trajectory]], version: int) -> list[Trajectory]:
+        """Run one training collection at ``version``: checks the served version before and every sampled turn's
+        stamp after, and adds the collection's cost to the step's counters."""
+        if self.engine.version != version:
+            coro.close()
+            raise RuntimeError(f"engine serves version {self.engine.version} but the policy is at {version}: "
+                               "push the weights before collecting")
+        trajs = self.run(coro)
+        stale = {t.policy_version for tr in trajs for t in tr.turns if not t.forced} - {version}
+        if stale:
+            raise RuntimeError(f"rollouts used stale weights (versions {sorted(stale)}, current {version})")
+        stats = self.collector.reset_stats()
+        c = self._costs
+        c["episodes"] += stats.episodes
+        c["failed"] += stats.failed
+        c["generated_tokens"] += stats.generated_tokens
+        c["sampled_turns"] += stats.sampled_turns
+        c["rollout_seconds"] += stats.seconds
+        return trajs
+
+    def take_costs(self) -> dict[str, float]:
+        """The counters of the collections since the last call (and reset them)."""
+        costs, self._costs = dict(self._costs), defaultdict(float)
+        return costs
+
+    def play(self, tasks: Sequence[Task], *, temperature: float | None = None) -> list[Trajectory]:
+        """One episode of each of ``tasks`` with the served weights, at the training sampling or at
+        ``temperature``; not counted in the training costs."""
+        sampling = self.collector.sampling
+        if temperature is not None:
+            sampling = replace(sampling, temperature=temperature)
+        try:
+            return self.run(self.collector.collect_groups(tasks, 1, step=-1, sampling=sampling))
+        finally:
+            self.collector.reset_stats()
