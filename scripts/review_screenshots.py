@@ -25,7 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.support.mlflow_server import free_port, start_mlflow_server  # noqa: E402
+from tests.support.mlflow_server import start_mlflow_server  # noqa: E402
+from tests.support.processes import free_port  # noqa: E402
 
 CONFIG = ROOT / "configs/smoke/langchain_rtpo.yaml"
 MODEL = "smoke-policy"

@@ -1,16 +1,25 @@
 """The layers of `agentrl` import only downward (docs/architecture.md): every module's imports are parsed, each
-`agentrl` import must reach the module's own layer or a lower one, and the heavy frameworks stay in the layers
-that own them. Imports inside functions and under ``TYPE_CHECKING`` count too: a lazy import is still a
-dependency."""
+`agentrl` import must reach the module's own layer or a lower one, no import circle runs inside a layer, every
+third-party package a layer imports is on that layer's allowlist, and the core never imports the adapters or the
+examples.
+
+Imports inside functions and under ``TYPE_CHECKING`` count too, for every check: a lazy import is still a
+dependency, and a circle closed only by a ``TYPE_CHECKING`` import, harmless at run time, still means that neither
+module can be read or changed without the other (issue 25: "no import circle inside training/").
+"""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import agentrl
 
 SRC = Path(agentrl.__file__).parent
+REPO = SRC.parents[1]
 
 # lowest first; a module may import its own layer or any layer before it
 LAYERS: list[tuple[str, ...]] = [
@@ -27,18 +36,29 @@ LAYERS: list[tuple[str, ...]] = [
     ("agentrl.cli", "agentrl.__main__"),
 ]
 
-# third-party frameworks and the layers allowed to import them
-OWNERS: dict[str, tuple[str, ...]] = {
-    "lightning": ("agentrl.tracking", "agentrl.training", "agentrl.cli"),
-    "mlflow": ("agentrl.tracking", "agentrl.training"),
-    "fastapi": ("agentrl.serve",),
-    "uvicorn": ("agentrl.serve",),
-    "httpx": ("agentrl.engines", "agentrl.serve"),
-    "langchain": (),
-    "langchain_core": (),
-    "langgraph": (),
-    "openai": (),  # OpenAI-API agents (the SDK, the openai client) are the user's: examples/, never the core
-    "agents": (),  # the OpenAI Agents SDK's package
+# the third-party packages each layer may import (top-level names, by layer index; nothing is inherited from the
+# layers below: a layer lists what it imports itself). Lightning, MLflow, HTTP frameworks and clients, LangChain
+# and the OpenAI SDKs are on no list but their owners'.
+THIRD_PARTY: dict[int, frozenset[str]] = {
+    0: frozenset({"torch"}),  # types, seeding, algorithms: pure torch
+    1: frozenset(),  # chat: templates come with the tokenizer object it is handed
+    2: frozenset({"torch", "transformers", "peft", "tokenizers", "huggingface_hub"}),  # models
+    3: frozenset({"torch", "transformers", "httpx"}),  # engines: kvcache.py's DynamicLayer; vllm.py's client
+    4: frozenset({"numpy", "bm25s"}),  # envs: seeded generators; searchqa.py's retriever
+    5: frozenset(),  # agents
+    6: frozenset(),  # collect
+    7: frozenset({"torch", "safetensors", "fastapi", "starlette", "uvicorn", "pydantic", "pydantic_core",
+                  "jinja2"}),  # serve
+    8: frozenset({"torch", "lightning", "mlflow", "requests", "matplotlib"}),  # tracking
+    9: frozenset({"torch", "lightning", "torchmetrics", "jsonargparse", "transformers"}),  # training
+    10: frozenset(),  # cli: starts without importing anything heavy
+}
+
+# packages beside the core (adapters/, examples/): the core never imports them
+OUTSIDE_THE_CORE: dict[str, str] = {
+    "agentrl_langchain": "adapters/langchain/src/agentrl_langchain",
+    "agentrl_langchain_examples": "adapters/langchain/examples",
+    "agentrl_examples": "examples/agentrl_examples",
 }
 
 
@@ -61,13 +81,13 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def imported_modules(source: str, module: str, is_package: bool) -> list[str]:
-    """Absolute names of every module ``source`` imports (relative imports resolved)."""
-    out: list[str] = []
+def _imports(source: str, module: str, is_package: bool) -> list[tuple[str, list[str]]]:
+    """``(absolute module, names imported from it)`` for every import statement (relative ones resolved)."""
+    out: list[tuple[str, list[str]]] = []
     package = module if is_package else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            out.extend(alias.name for alias in node.names)
+            out.extend((alias.name, []) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -75,15 +95,23 @@ def imported_modules(source: str, module: str, is_package: bool) -> list[str]:
                 name = ".".join([*base, node.module] if node.module else base)
             else:
                 name = node.module or ""
-            out.append(name)
-            # `from agentrl import training` imports a subpackage: judge it by the subpackage
-            if name == "agentrl":
-                out.extend(f"agentrl.{alias.name}" for alias in node.names)
+            out.append((name, [alias.name for alias in node.names]))
+    return out
+
+
+def imported_modules(source: str, module: str, is_package: bool) -> list[str]:
+    """Absolute names of every module ``source`` imports (relative imports resolved)."""
+    out: list[str] = []
+    for name, names in _imports(source, module, is_package):
+        out.append(name)
+        # `from agentrl import training` imports a subpackage: judge it by the subpackage
+        if name == "agentrl":
+            out.extend(f"agentrl.{alias}" for alias in names)
     return out
 
 
 def violations(module: str, source: str, is_package: bool = False) -> list[str]:
-    """Why ``module``'s imports break the layer order (empty when they do not)."""
+    """Why ``module``'s imports break the layer order or its layer's allowlist (empty when they do not)."""
     own = layer_of(module)
     found = []
     for name in imported_modules(source, module, is_package):
@@ -91,19 +119,92 @@ def violations(module: str, source: str, is_package: bool = False) -> list[str]:
         if root == "agentrl":
             if name != "agentrl" and layer_of(name) > own:
                 found.append(f"{module} (layer {own}) imports {name} (layer {layer_of(name)})")
-        elif root in OWNERS and not any(module == o or module.startswith(o + ".") for o in OWNERS[root]):
-            found.append(f"{module} imports {root}, which only {OWNERS[root] or 'the adapters'} may import")
+        elif root in OUTSIDE_THE_CORE:
+            found.append(f"{module} imports {name}: the core never imports {OUTSIDE_THE_CORE[root]}/")
+        elif root != "__future__" and root not in sys.stdlib_module_names and root not in THIRD_PARTY[own]:
+            allowed = ", ".join(sorted(THIRD_PARTY[own])) or "no third-party package"
+            found.append(f"{module} imports {root}; layer {own} ({', '.join(LAYERS[own])}) may import {allowed}")
     return found
 
 
-def test_every_module_imports_only_downward() -> None:
+def import_graph(sources: Mapping[str, str], packages: Iterable[str] = ()) -> dict[str, set[str]]:
+    """Which of the ``sources`` (module name -> source) each one imports: ``from a import b`` reaches the module
+    ``a.b`` when there is one, else ``a``; ``packages`` names the modules that are packages (``__init__``)."""
+    packages = set(packages)
+    graph: dict[str, set[str]] = {m: set() for m in sources}
+    for module, source in sources.items():
+        for name, names in _imports(source, module, module in packages):
+            targets = {f"{name}.{alias}" if f"{name}.{alias}" in sources else name for alias in names} or {name}
+            graph[module] |= (targets & sources.keys()) - {module}
+    return graph
+
+
+def cycles_within_layers(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The import circles among modules of one layer, one per strongly connected group of modules: each as a
+    path ``[a, b, ..., a]`` (a shortest circle through the group's first module), followed by any other members
+    of the group in brackets."""
+    same = {m: {t for t in targets if layer_of(t) == layer_of(m)} for m, targets in graph.items()}
+    found, seen = [], set()
+    for start in sorted(same):
+        if start in seen:
+            continue
+        path = _shortest_path(same, start, start)
+        if path is None:
+            continue
+        group = {m for m in same if _shortest_path(same, start, m) and _shortest_path(same, m, start)}
+        seen |= group
+        others = sorted(group - set(path))
+        found.append(path + ([f"[also {', '.join(others)}]"] if others else []))
+    return found
+
+
+def _shortest_path(graph: Mapping[str, set[str]], start: str, goal: str) -> list[str] | None:
+    """Shortest import path from ``start`` to ``goal`` (at least one step), breadth first."""
+    frontier, parent = [start], {start: ""}
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for target in sorted(graph[node]):
+                if target == goal:
+                    path = [goal, node]
+                    while path[-1] != start:
+                        path.append(parent[path[-1]])
+                    return path[::-1] if path[-1] == start and len(path) > 1 else None
+                if target not in parent:
+                    parent[target] = node
+                    nxt.append(target)
+        frontier = nxt
+    return None
+
+
+def _sources() -> tuple[dict[str, str], set[str]]:
     files = sorted(SRC.rglob("*.py"))
-    assert len(files) > 30
+    sources = {module_name(p): p.read_text() for p in files}
+    return sources, {module_name(p) for p in files if p.name == "__init__.py"}
+
+
+def test_every_module_imports_only_downward_and_what_its_layer_allows() -> None:
+    sources, packages = _sources()
+    assert len(sources) > 30
     problems = []
-    for path in files:
-        name = module_name(path)
-        problems += violations(name, path.read_text(), path.name == "__init__.py")
+    for name, source in sources.items():
+        problems += violations(name, source, name in packages)
     assert not problems, "\n".join(problems)
+
+
+def test_no_import_circle_inside_a_layer() -> None:
+    sources, packages = _sources()
+    circles = cycles_within_layers(import_graph(sources, packages))
+    assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_the_packages_beside_the_core_are_named_right() -> None:
+    """The names the core must not import are the adapters' and examples' real packages (installed by
+    scripts/install.sh from these folders), so the check cannot go stale after a rename."""
+    for package, folder in OUTSIDE_THE_CORE.items():
+        spec = importlib.util.find_spec(package)
+        assert spec is not None and spec.origin is not None, package
+        assert Path(spec.origin).resolve().parent == (REPO / folder).resolve(), (package, spec.origin)
 
 
 def test_the_checker_catches_upward_lazy_and_relative_imports() -> None:
@@ -115,6 +216,51 @@ def test_the_checker_catches_upward_lazy_and_relative_imports() -> None:
     assert violations("agentrl.chat.tools", "from agentrl import collect\n")
     assert violations("agentrl.engines.hf", "import lightning.pytorch as pl\n")
     assert violations("agentrl.training.module", "from agentrl.engines.base import SamplingParams\n") == []
+
+
+def test_the_checker_catches_third_party_imports_off_the_layers_allowlist() -> None:
+    assert violations("agentrl.algorithms.losses", "import transformers\n") == [
+        "agentrl.algorithms.losses imports transformers; layer 0 (agentrl, agentrl.types, agentrl.seeding, "
+        "agentrl.algorithms) may import torch"]
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from starlette.requests import Request\n"
+    assert violations("agentrl.algorithms.advantages", typed)[0].startswith(
+        "agentrl.algorithms.advantages imports starlette;")
+    assert violations("agentrl.chat.render", "def f():\n    import jinja2\n")  # lazy: jinja2 is serve's
+    assert violations("agentrl.collect.collector", "import langchain_core.messages\n")
+    assert violations("agentrl.serve.server", "import fastapi, starlette, uvicorn, json, os.path\n") == []
+    assert violations("agentrl.training.cli", "from __future__ import annotations\nimport jsonargparse\n") == []
+
+
+def test_the_checker_catches_the_core_importing_adapters_or_examples() -> None:
+    assert violations("agentrl.training.cli", "import agentrl_langchain\n") == [
+        "agentrl.training.cli imports agentrl_langchain: the core never imports adapters/langchain/src/"
+        "agentrl_langchain/"]
+    assert violations("agentrl.agents.http_agent", "def f():\n    from agentrl_examples.searchqa import x\n")
+    assert violations("agentrl.envs.searchqa", "from agentrl_langchain_examples import search_agent\n")
+
+
+def test_the_checker_catches_circles_inside_a_layer() -> None:
+    sources = {
+        "agentrl.training.a": "from agentrl.training import b\n",  # `from package import module`
+        "agentrl.training.b": "def f():\n    from .c import C\n",  # lazy and relative
+        "agentrl.training.c": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                               "    from agentrl.training.a import A\n"),  # closed under TYPE_CHECKING
+        "agentrl.training.d": "import agentrl.training.a\n",  # imports the circle, is not in it
+        "agentrl.engines.x": "from agentrl.engines.y import Y\n",
+        "agentrl.engines.y": "import agentrl.engines.x\n",
+        "agentrl.models.p": "from agentrl.engines import x\n",  # an upward import is another test's business
+        "agentrl.engines.z": "from agentrl.models.p import P\n",
+    }
+    assert cycles_within_layers(import_graph(sources)) == [
+        ["agentrl.engines.x", "agentrl.engines.y", "agentrl.engines.x"],
+        ["agentrl.training.a", "agentrl.training.b", "agentrl.training.c", "agentrl.training.a"],
+    ]
+    package = {"agentrl.envs": "from agentrl.envs.guess import GuessEnv\n",
+               "agentrl.envs.guess": "from agentrl.envs import base\n", "agentrl.envs.base": "import random\n"}
+    assert cycles_within_layers(import_graph(package, packages={"agentrl.envs"})) == []
+    package["agentrl.envs.guess"] = "from agentrl.envs import TextEnv\n"  # the package's __init__ itself
+    assert cycles_within_layers(import_graph(package, packages={"agentrl.envs"})) == [
+        ["agentrl.envs", "agentrl.envs.guess", "agentrl.envs"]]
 
 
 def test_no_source_file_is_over_450_lines() -> None:

@@ -66,10 +66,10 @@ def _batch(**override: torch.Tensor) -> TurnBatch:
     return TurnBatch(**fields)
 
 
-def test_turn_batch_shapes_and_select() -> None:
+def test_turn_batch_shapes_are_checked_and_kept_on_a_move() -> None:
     b = _batch(turn_ids=torch.tensor([[-1, 0, 0, -1], [-1, -1, 1, 1]]))
-    assert b.num_rows == 2 and b.num_turns == 2
-    sub = b.select([1])
-    assert sub.num_rows == 1 and sub.turn_ids.tolist() == [[-1, -1, 1, 1]]
+    moved = b.to(torch.device("meta"))
+    assert all(getattr(moved, f).device.type == "meta" and getattr(moved, f).shape == (2, 4)
+               for f in b.__dataclass_fields__)
     with pytest.raises(DataError, match="advantages has shape"):
         _batch(advantages=torch.zeros(2, 3))

@@ -16,7 +16,6 @@ read at the last prompt token of turn n).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -200,27 +199,6 @@ class TurnBatch:
             if isinstance(value, torch.Tensor) and value.shape != shape:
                 raise DataError(f"TurnBatch.{f.name} has shape {tuple(value.shape)}; expected {tuple(shape)}")
 
-    @property
-    def num_rows(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    @property
-    def num_turns(self) -> int:
-        ids = self.turn_ids[self.turn_ids >= 0]
-        return int(ids.unique().numel())
-
-    def to(self, device: torch.device | str) -> TurnBatch:
-        moved = {
-            f.name: (v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v)
-            for f in fields(self)
-        }
-        return TurnBatch(**moved)
-
-    def select(self, rows: torch.Tensor | Sequence[int]) -> TurnBatch:
-        """A sub-batch of the given rows (for minibatches)."""
-        index = torch.as_tensor(rows, dtype=torch.long, device=self.input_ids.device)
-        picked = {
-            f.name: (v.index_select(0, index) if isinstance(v := getattr(self, f.name), torch.Tensor) else v)
-            for f in fields(self)
-        }
-        return TurnBatch(**picked)
+    def to(self, device: torch.device) -> TurnBatch:
+        """The same batch with every tensor on ``device``."""
+        return TurnBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})

@@ -74,6 +74,9 @@ def test_turn_gae_rejects_non_prefix_mask() -> None:
 
 # ---------------------------------------------------------------- turn_gae / token_gae: loop references
 
+# the loop references compute in Python floats (float64): float64 inputs must agree to rounding, not to 1e-5
+_TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
+
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.9), (0.5, 0.0), (0.9, 0.95)])
@@ -88,24 +91,37 @@ def test_turn_gae_matches_loop_reference(seed: int, gamma: float, lam: float, dt
     out = turn_gae(rewards, values, _prefix_mask(lengths, T), gamma=gamma, lam=lam, bootstrap=boot)
     ref_a, ref_r = turn_gae_ref(rewards.tolist(), values.tolist(), lengths, gamma, lam,
                                 None if boot is None else boot.tolist())
-    assert_close(out.advantages.double(), torch.tensor(ref_a, dtype=torch.float64), atol=1e-5, rtol=1e-5)
-    assert_close(out.returns.double(), torch.tensor(ref_r, dtype=torch.float64), atol=1e-5, rtol=1e-5)
+    assert out.advantages.dtype == out.returns.dtype == dtype  # float64 is computed in float64, not cast down
+    tol = _TOLERANCE[dtype]
+    assert_close(out.advantages, torch.tensor(ref_a, dtype=dtype), atol=tol, rtol=tol)
+    assert_close(out.returns, torch.tensor(ref_r, dtype=dtype), atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.95), (0.7, 0.3)])
-def test_token_gae_matches_loop_reference(seed: int, gamma: float, lam: float) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_token_gae_matches_loop_reference(seed: int, gamma: float, lam: float, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(100 + seed)
     B, L = 2 + seed % 3, 3 + 3 * seed
     mask = torch.rand(B, L, generator=g) < 0.6
-    rewards = torch.where(mask, torch.randn(B, L, generator=g), 0.0)
-    values = torch.randn(B, L, generator=g)
-    boot = torch.randn(B, generator=g) if seed % 2 else None
+    rewards = torch.where(mask, torch.randn(B, L, generator=g, dtype=dtype), 0.0)
+    values = torch.randn(B, L, generator=g, dtype=dtype)
+    boot = torch.randn(B, generator=g, dtype=dtype) if seed % 2 else None
     out = token_gae(rewards, values, mask, gamma=gamma, lam=lam, bootstrap=boot)
     ref_a, ref_r = token_gae_ref(rewards.tolist(), values.tolist(), mask.tolist(), gamma, lam,
                                  None if boot is None else boot.tolist())
-    assert_close(out.advantages, torch.tensor(ref_a), atol=1e-5, rtol=1e-5)
-    assert_close(out.returns, torch.tensor(ref_r), atol=1e-5, rtol=1e-5)
+    assert out.advantages.dtype == out.returns.dtype == dtype
+    tol = _TOLERANCE[dtype]
+    assert_close(out.advantages, torch.tensor(ref_a, dtype=dtype), atol=tol, rtol=tol)
+    assert_close(out.returns, torch.tensor(ref_r, dtype=dtype), atol=tol, rtol=tol)
+
+
+def test_integer_and_half_inputs_compute_in_float32() -> None:
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    turn = turn_gae(torch.tensor([[0, 1]]), torch.zeros(1, 2, dtype=torch.bfloat16), mask, gamma=1.0, lam=1.0)
+    token = token_gae(torch.tensor([[0, 1]]), torch.zeros(1, 2, dtype=torch.int64), mask, gamma=1.0, lam=1.0)
+    assert turn.advantages.dtype == token.returns.dtype == torch.float32
+    assert turn.advantages.tolist() == token.returns.tolist() == [[1.0, 1.0]]
 
 
 def test_token_gae_rejects_reward_outside_mask() -> None:

@@ -27,7 +27,8 @@ from agentrl.engines.vllm import (
     VLLMEngineSpec,
 )
 from agentrl.models.policy import LoRASettings, Policy
-from tests.support.server import LORA_ARGS, Server, free_port, start_server
+from tests.support.processes import free_port
+from tests.support.server import LORA_ARGS, Server, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 LORA = LoRASettings(r=8, alpha=16, target_modules=["q_proj", "v_proj"])

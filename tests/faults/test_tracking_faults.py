@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.mlflow_server import free_port, start_mlflow_server
+from tests.support.mlflow_server import start_mlflow_server
+from tests.support.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs/smoke/turn_ppo.yaml")

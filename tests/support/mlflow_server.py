@@ -3,20 +3,12 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.support.processes import free_port, start_healthy, stop_process
 
 
 @dataclass
@@ -26,13 +18,7 @@ class MlflowServer:
     log: Path
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=20)
+        stop_process(self.proc)
 
 
 def start_mlflow_server(store: str, folder: Path, timeout: float = 120.0) -> MlflowServer:
@@ -42,18 +28,5 @@ def start_mlflow_server(store: str, folder: Path, timeout: float = 120.0) -> Mlf
     log = folder / f"mlflow-server-{port}.log"
     cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
            "--backend-store-uri", store, "--artifacts-destination", str(folder / "artifacts")]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=folder)
-    server = MlflowServer(f"http://127.0.0.1:{port}", proc, log)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mlflow server exited: {log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    server.stop()
-    raise RuntimeError(f"mlflow server not ready after {timeout} s: {log.read_text()[-3000:]}")
+    url = f"http://127.0.0.1:{port}"
+    return MlflowServer(url, start_healthy("mlflow server", cmd, log, url, timeout=timeout, cwd=folder), log)

@@ -3,8 +3,9 @@ never writes by itself), with the model's own log-probabilities of the forced to
 
 Everything downstream of the engine — the client's recording, the Hermes parser, the gateway's answers, the
 agent's tools, the next turn's context, replay and training — is the real code path; only the choice of tokens
-is scripted. Unscripted calls sample from the model, at most ``free_tokens`` tokens. Every prompt the engine
-receives is kept in ``received``. (The LangChain adapter's tests have the same engine in their own support file.)
+is scripted. Unscripted calls sample from the model, at most ``free_tokens`` tokens (random text is only noise, and
+short keeps the tests fast). Every prompt the engine receives is kept in ``received``. The core's, the LangChain
+adapter's and the examples' tests all use this one engine.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class ScriptedEngine(HFEngine):
         self.script = script
         self.free_tokens = free_tokens
         self.received: list[list[int]] = []
+        self._scored: dict[tuple[int, float, tuple[int, ...], tuple[int, ...]], list[float]] = {}
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,  # type: ignore[override]
                        session: str | None = None, **kwargs: Any) -> Completion:
@@ -40,8 +42,14 @@ class ScriptedEngine(HFEngine):
             return await super().generate(prompt_ids, free, session=session, **kwargs)
         stop = self.policy.stop_token_ids[-1]
         ids = [*self.tokenizer.encode(text, add_special_tokens=False)[: sampling.max_tokens - 1], stop]
-        return Completion(ids, self._score(prompt_ids, ids, sampling.temperature or 1.0), "stop",
+        return Completion(ids, self._logprobs(prompt_ids, ids, sampling.temperature or 1.0), "stop",
                           policy_version=self.version, prompt_len=len(prompt_ids))
+
+    def _logprobs(self, prompt: list[int], response: list[int], temperature: float) -> list[float]:
+        key = (self.version, temperature, tuple(prompt), tuple(response))  # siblings often force the same reply
+        if key not in self._scored:
+            self._scored[key] = self._score(prompt, response, temperature)
+        return list(self._scored[key])
 
     @torch.no_grad()
     def _score(self, prompt: list[int], response: list[int], temperature: float) -> list[float]:

@@ -7,14 +7,13 @@ HTTP tests of the session; tests that kill or train against a server start their
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from tests.support.processes import free_port, start_healthy, stop_process
 
 API_KEY = "test-key-123"
 LORA_ARGS = ("--lora-rank", "8", "--lora-alpha", "16", "--lora-target-modules", "q_proj", "v_proj")
@@ -36,19 +35,7 @@ class Server:
         return text if tail is None else text[-tail:]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=20)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        stop_process(self.proc)
 
 
 def start_server(log_dir: Path, *args: str, model: str = "tiny-random", api_key: str | None = None,
@@ -67,18 +54,5 @@ def start_server(log_dir: Path, *args: str, model: str = "tiny-random", api_key:
         cmd += ["--api-key", api_key]
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     env.pop("AGENTRL_API_KEY", None)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    server = Server(f"http://127.0.0.1:{port}", proc, log, api_key)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"agentrl serve exited with {proc.returncode}:\n{server.output()}")
-        try:
-            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    server.stop()
-    raise RuntimeError(f"agentrl serve did not become healthy in {timeout} s:\n{server.output()}")
+    url = f"http://127.0.0.1:{port}"
+    return Server(url, start_healthy("agentrl serve", cmd, log, url, timeout=timeout, env=env), log, api_key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sqlite3
 from pathlib import Path
 
@@ -44,10 +45,15 @@ def test_a_logger_list_gets_the_run_name_and_on_resume_the_checkpoints_run(tmp_p
     mlflow_entry = Namespace(class_path="agentrl.tracking.MLflowLogger",
                              init_args=Namespace(tracking_uri="sqlite:///runs.db", run_name=None, run_id=None))
     config = Namespace(ckpt_path="c.ckpt", seed_everything=0, trainer=Namespace(logger=[csv_entry, mlflow_entry]),
-                       model=Namespace(algorithm=Namespace(class_path="agentrl.algorithms.TurnPPO")),
+                       model=Namespace(algorithm=Namespace(class_path="agentrl.training.schedules.TurnPPO")),
                        data=Namespace(agent=Namespace(class_path="agentrl.agents.env_agent.EnvAgent",
                                                       init_args=Namespace(env=Namespace(
                                                           class_path="agentrl.envs.GuessNumberEnv")))))
+    for path in ("trainer.logger", "model.algorithm", "data.agent", "data.agent.init_args.env"):
+        entries = config[path] if isinstance(config[path], list) else [config[path]]
+        for entry in entries:  # every class path is a real class, as `agentrl fit` would resolve it
+            module, _, name = entry.class_path.rpartition(".")
+            assert isinstance(getattr(importlib.import_module(module), name), type), entry.class_path
     _default_run_name(config)
     reopen_run(config)
     assert mlflow_entry.init_args.run_name == "turnppo-guessnumber-s0"

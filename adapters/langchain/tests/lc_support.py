@@ -1,32 +1,23 @@
-"""Test support: an engine that teacher-forces scripted replies, real tools, and a tiny create_agent agent.
+"""Test support: scripts for the teacher-forcing engine, real tools, and a tiny create_agent agent.
 
-A tiny random model never writes a valid ``<tool_call>`` by itself, so `ScriptedEngine` makes the tool path real
-the honest way: it is the real `HFEngine`, except that when ``script(prompt_text, seed)`` returns a text, that
-text is tokenized and returned as the completion (with the stop token), together with the *model's own*
-log-probabilities of those tokens at the sampling temperature. Everything downstream — the client's recording,
-the Hermes parser, LangChain's tool calling, the tool itself, the next turn's context, replay and training — is
-the real code path; only the choice of the tokens is scripted. Unscripted calls sample from the model, at most
-``free_tokens`` tokens (random text is only noise, and short keeps the tests fast).
+A tiny random model never writes a valid ``<tool_call>`` by itself, so `ScriptedEngine` (`tests.support.scripted`,
+shared with the core's tests) makes the tool path real the honest way: it is the real `HFEngine`, except that when
+``script(prompt_text, seed)`` returns a text, that text is tokenized and returned as the completion, with the
+*model's own* log-probabilities of those tokens. Everything downstream — the client's recording, the Hermes parser,
+LangChain's tool calling, the tool itself, the next turn's context, replay and training — is the real code path.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
-import torch
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tools import tool
+from tests.support.scripted import Script
 
 from agentrl.agents.base import Task
 from agentrl.chat.tools import HermesToolParser
-from agentrl.engines.base import Completion, SamplingParams
-from agentrl.engines.hf import HFEngine
-from agentrl.models.policy import Policy
-
-Script = Callable[[str, int | None], str | None]
 
 CITIES = {"paris": "Paris: 18 degrees, light rain", "oslo": "Oslo: 4 degrees, snow",
           "lima": "Lima: 22 degrees, sunny"}
@@ -53,56 +44,6 @@ def weather_script(rounds: int = 1) -> Script:
         return tool_call_text("weather", {"city": city})
 
     return script
-
-
-class ScriptedEngine(HFEngine):
-    """The real `HFEngine`, teacher-forcing the replies ``script`` chooses; records every prompt it receives."""
-
-    def __init__(self, policy: Policy, script: Script | None = None, free_tokens: int = 12, **kwargs: Any) -> None:
-        super().__init__(policy, **kwargs)
-        self.script = script
-        self.free_tokens = free_tokens
-        self._scored: dict[tuple[int, float, tuple[int, ...], tuple[int, ...]], list[float]] = {}
-        self.received: list[list[int]] = []
-        self.forced = 0
-
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,  # type: ignore[override]
-                       session: str | None = None, **kwargs: Any) -> Completion:
-        self.received.append(list(prompt_ids))
-        text = self.script(self.tokenizer.decode(prompt_ids), sampling.seed) if self.script else None
-        if text is None:
-            free = replace(sampling, max_tokens=min(sampling.max_tokens, self.free_tokens))
-            return await super().generate(prompt_ids, free, session=session, **kwargs)
-        self.forced += 1
-        stop = self.policy.stop_token_ids[-1]
-        ids = [*self.tokenizer.encode(text, add_special_tokens=False)[: sampling.max_tokens - 1], stop]
-        return Completion(ids, self._logprobs(prompt_ids, ids, sampling.temperature or 1.0), "stop",
-                          policy_version=self.version, prompt_len=len(prompt_ids))
-
-    def _logprobs(self, prompt: list[int], response: list[int], temperature: float) -> list[float]:
-        key = (self.version, temperature, tuple(prompt), tuple(response))  # siblings often force the same reply
-        if key not in self._scored:
-            self._scored[key] = self._score(prompt, response, temperature)
-        return self._scored[key]
-
-    @torch.no_grad()
-    def _score(self, prompt: list[int], response: list[int], temperature: float) -> list[float]:
-        ids = torch.tensor([prompt + response])
-        mask = torch.ones_like(ids, dtype=torch.bool)
-        positions = torch.zeros_like(mask)
-        positions[0, len(prompt):] = True
-        lp = self.policy.token_logprobs(ids, mask, positions, temperature=temperature).logprobs
-        return [float(x) for x in lp[0, len(prompt):]]
-
-
-class ScriptedEngineSpec:
-    """``model.engine`` for `AgentRLModule`: builds a `ScriptedEngine` over the policy."""
-
-    def __init__(self, script: Script) -> None:
-        self.script = script
-
-    def build(self, policy: Any) -> ScriptedEngine:
-        return ScriptedEngine(policy, self.script)
 
 
 class CountModelCalls(BaseCallbackHandler):

@@ -1,7 +1,7 @@
 """Real LangChain / LangGraph agents over real ``@tool`` functions, run by the collector as agentrl episodes.
 
-The tool calls are teacher-forced by `lc_support.ScriptedEngine` (a tiny random model writes none); the parsing,
-the tool runs, the next turn's context and the recording are the real code paths.
+The tool calls are teacher-forced by `tests.support.scripted.ScriptedEngine` (a tiny random model writes none);
+the parsing, the tool runs, the next turn's context and the recording are the real code paths.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.tools import tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
-from lc_support import CITIES, CountModelCalls, ScriptedEngine, letter_reward, tasks, weather, weather_script
+from lc_support import CITIES, CountModelCalls, letter_reward, tasks, weather, weather_script
+from tests.support.scripted import ScriptedEngine
 
 from agentrl.agents.base import Task
 from agentrl.collect.collector import Collector

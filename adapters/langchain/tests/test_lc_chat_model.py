@@ -11,8 +11,9 @@ import pytest
 from langchain_core.caches import InMemoryCache
 from langchain_core.globals import set_llm_cache
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
-from lc_support import Script, ScriptedEngine, tool_call_text, weather
+from lc_support import tool_call_text, weather
 from pydantic import BaseModel
+from tests.support.scripted import Script, ScriptedEngine
 
 from agentrl.agents.llm import LLMClient
 from agentrl.engines.base import SamplingParams

@@ -5,11 +5,6 @@ as the trainer's `AgentRLChatModel`."""
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +22,7 @@ from agentrl_langchain_examples.search_agent import (
 )
 from langchain_core.messages import AIMessage, SystemMessage, convert_to_openai_messages
 from langchain_core.utils.function_calling import convert_to_openai_tool
+from tests.support.server import start_server
 
 from agentrl.agents.base import Task
 from agentrl.agents.llm import LLMClient
@@ -36,42 +32,13 @@ from agentrl.models.policy import Policy
 from agentrl_langchain import AgentRLChatModel
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
-def server_url() -> Iterator[str]:
-    port = _free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
-    env.pop("AGENTRL_API_KEY", None)
-    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve", "--model", "tiny-random", "--port",
-                             str(port), "--log-level", "warning"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
+def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server = start_server(tmp_path_factory.mktemp("serve"), "--log-level", "warning")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-                raise RuntimeError(f"agentrl serve exited with {proc.returncode}: {out[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("agentrl serve did not become healthy in 120 s")
-            time.sleep(0.2)
-        yield url
+        yield server.url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
 
 
 def test_the_agent_runs_on_chat_openai(server_url: str) -> None:

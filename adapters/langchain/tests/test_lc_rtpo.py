@@ -9,7 +9,8 @@ from typing import Any
 
 from langchain.agents import create_agent
 from langchain_core.tools import tool
-from lc_support import ScriptedEngine, letter_reward, tasks, weather, weather_script
+from lc_support import letter_reward, tasks, weather, weather_script
+from tests.support.scripted import ScriptedEngine
 
 from agentrl.collect.collector import Collector
 from agentrl.engines.base import SamplingParams

@@ -18,7 +18,8 @@ from agentrl_langchain_examples.search_agent import (
     with_demonstration,
 )
 from langchain_core.messages import AIMessage, HumanMessage, ToolCall
-from lc_support import ScriptedEngine, tool_call_text
+from lc_support import tool_call_text
+from tests.support.scripted import ScriptedEngine
 
 from agentrl.agents.base import Task
 from agentrl.collect.collector import Collector

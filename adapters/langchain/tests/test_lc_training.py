@@ -9,7 +9,8 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from langchain.agents import create_agent
-from lc_support import QuestionTasks, ScriptedEngineSpec, letter_reward, weather, weather_script
+from lc_support import QuestionTasks, letter_reward, weather, weather_script
+from tests.support.scripted import ScriptedEngineSpec
 
 from agentrl.engines.base import SamplingParams
 from agentrl.models.policy import Policy

@@ -10,8 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from agentrl.agents.errors import EpisodeTruncated, ReplayMismatchError
+
 if TYPE_CHECKING:
     from agentrl.agents.llm import LLMClient
+
+__all__ = ["Agent", "EpisodeTruncated", "Outcome", "ReplayMismatchError", "Task"]
 
 
 @dataclass(frozen=True)
@@ -52,13 +56,3 @@ class Agent(Protocol):
 
     async def run(self, task: Task, llm: LLMClient) -> Outcome:
         ...
-
-
-class EpisodeTruncated(Exception):  # noqa: N818 - a control-flow signal, not an error
-    """Raised by the LLM client when an episode must stop early (turn limit, context window): the collector
-    ends the episode as truncated, keeping its turns."""
-
-
-class ReplayMismatchError(RuntimeError):
-    """While replaying a trunk for RTPO branching, the agent produced a prompt that differs from the recorded
-    one: the agent or its environment is not deterministic for a seed."""

@@ -24,7 +24,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.agents.base import EpisodeTruncated, ReplayMismatchError
+from agentrl.agents.errors import EpisodeTruncated, ReplayMismatchError
 from agentrl.chat.render import Message, render_prompt
 from agentrl.chat.tools import HermesToolParser, ToolCall, ToolParser
 from agentrl.engines.base import RolloutEngine, SamplingParams

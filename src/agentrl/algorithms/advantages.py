@@ -27,6 +27,14 @@ class Advantages(NamedTuple):
     returns: Tensor
 
 
+def _float_dtype(*tensors: Tensor) -> torch.dtype:
+    """float32, or the inputs' wider float type: float64 inputs are computed and returned in float64."""
+    dtype = torch.float32
+    for t in tensors:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
 def _check_prefix_mask(turn_mask: Tensor) -> None:
     if turn_mask.dtype != torch.bool:
         raise TypeError(f"turn_mask must be a bool tensor, got {turn_mask.dtype}")
@@ -62,15 +70,16 @@ def turn_gae(
     ========== ======== ==========================================================
 
     Returns:
-        `Advantages` of shape (B, T), zero where ``turn_mask`` is False.
+        `Advantages` of shape (B, T), zero where ``turn_mask`` is False, in float32 or the inputs' wider float
+        type (float64 in, float64 out).
     """
     _check_prefix_mask(turn_mask)
     B, T = rewards.shape
     if values.shape != (B, T) or turn_mask.shape != (B, T):
         raise ValueError(f"rewards, values and turn_mask must share shape (B, T); got {rewards.shape}, "
                          f"{values.shape}, {turn_mask.shape}")
-    rewards = rewards.float()
-    values = values.float()
+    dtype = _float_dtype(rewards, values)
+    rewards, values = rewards.to(dtype), values.to(dtype)
     boot = torch.zeros(B, dtype=rewards.dtype, device=rewards.device)
     if bootstrap is not None:
         boot = bootstrap.to(rewards.dtype).reshape(B)
@@ -117,7 +126,7 @@ def token_gae(
     ============== ======== =================================================
 
     Returns:
-        `Advantages` of shape (B, L), zero outside ``response_mask``.
+        `Advantages` of shape (B, L), zero outside ``response_mask``, in float32 or the inputs' wider float type.
 
     Raises:
         ValueError: if a reward sits outside the response mask (it would be silently lost).
@@ -127,8 +136,8 @@ def token_gae(
     if bool((rewards[~response_mask] != 0).any()):
         raise ValueError("token_gae: rewards must be zero outside response_mask; put each reward on a response token")
     B, L = rewards.shape
-    rewards = rewards.float()
-    values = values.float()
+    dtype = _float_dtype(rewards, values)
+    rewards, values = rewards.to(dtype), values.to(dtype)
     next_value = torch.zeros(B, dtype=rewards.dtype, device=rewards.device)
     if bootstrap is not None:
         next_value = bootstrap.to(rewards.dtype).reshape(B).clone()

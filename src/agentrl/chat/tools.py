@@ -22,10 +22,12 @@ class ToolCall:
     arguments: dict[str, Any]
     id: str = ""
 
-    def to_openai(self) -> dict[str, Any]:
-        """The OpenAI chat-completions shape: ``{"id", "type": "function", "function": {name, arguments}}``."""
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": json.dumps(self.arguments)}}
+
+def tool_call_id(turn: int, call: int) -> str:
+    """The OpenAI id of call ``call`` in turn ``turn``'s reply, ``call_<turn>_<call>``: unique within an episode and
+    the same when the episode is replayed. The training gateway's replies, the MLflow traces and the LangChain
+    adapter's messages all name calls so, and a tool result names its call back by this id."""
+    return f"call_{turn}_{call}"
 
 
 @dataclass

@@ -2,8 +2,9 @@
 
 * **Weight sync is a version bump.** The engine runs the very modules the trainer updates; `update_weights`
   only bumps the version and drops the prefix cache (its KV was computed with the old weights).
-* **Continuous batching.** Concurrent `generate` calls join one decode batch; a request is admitted when a slot
-  is free (``max_batch_size``) and leaves when it stops, not waiting for the longest (as ``model.generate`` does).
+* **Continuous batching.** Concurrent `generate` calls from many episodes join one decode batch; a request is
+  admitted as soon as a slot is free (``max_batch_size``) and leaves as soon as it stops, without waiting for the
+  rest of the batch (static batching, as ``model.generate`` does, waits for the longest).
 * **Prefix KV reuse.** A prompt that starts with the exact token ids of a stored prompt or finished turn reuses
   their KV and prefills only the new tokens (see `agentrl.engines.kvcache.PrefixStore`). In a multi-turn episode
   turn k+1's prompt is turn k's prompt + response + the new observation, so the conversation is not re-read.
@@ -28,14 +29,14 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
 from agentrl.engines.base import Completion, SamplingParams
-from agentrl.engines.kvcache import KV, BatchKV, PrefixStore, common_prefix_len, prefill_batch, prefill_chunks
+from agentrl.engines.hf_requests import EngineStats, Lookup, Request
+from agentrl.engines.kvcache import BatchKV, PrefixStore, common_prefix_len, prefill_batch, prefill_chunks
 from agentrl.engines.sampling import RowSampling, sample_rows
 from agentrl.models.policy import Policy
 from agentrl.types import FinishReason
@@ -44,46 +45,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _WAIT_FOR_SHARED = 32  # a request sharing this many more tokens with an earlier admitted prompt than the store
                        # offers waits one wave to reuse that prompt's KV (a wave costs one more weight read)
-
-
-@dataclass
-class _Request:
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    session: str | None
-    future: asyncio.Future[Completion]
-    generator: torch.Generator
-    stop: frozenset[int]
-    stop_when: Callable[[list[int]], bool] | None = None
-    top_logprobs: int = 0
-    out_ids: list[int] = field(default_factory=list)
-    out_logprobs: list[float] = field(default_factory=list)
-    out_top: list[list[tuple[int, float]]] = field(default_factory=list)
-    cached: int = 0
-    finish: FinishReason | None = None
-    error: Exception | None = None  # set in the worker thread when this request alone failed
-
-    @property
-    def gone(self) -> bool:
-        """Finished, failed, or cancelled by its caller: it leaves the batch at the next retire."""
-        return self.finish is not None or self.error is not None or self.future.done()
-
-
-@dataclass
-class EngineStats:
-    """Counters since construction (or the last `HFEngine.reset_stats`)."""
-
-    requests: int = 0
-    generated_tokens: int = 0
-    prefill_tokens: int = 0
-    prefill_forwards: int = 0
-    cached_tokens: int = 0
-    decode_steps: int = 0
-    cancelled: int = 0
-    failed: int = 0
-    busy_seconds: float = 0.0
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
 
 
 class HFEngine:
@@ -99,8 +60,10 @@ class HFEngine:
         step_context: Context manager factory entered around every model step, in the worker thread (``agentrl
             serve`` uses it to serialise two engines over one peft model and to switch the adapter off for
             base-model requests).
-        autocast: Decode under the policy's autocast; False (the default, as `HFEngineSpec`) decodes in the
-            weights' dtype (bf16 autocast over fp32 weights decoded slower: docs/benchmarks.md).
+        autocast: Decode under the policy's compute dtype (its autocast). False (the default, as in
+            `agentrl.engines.specs.HFEngineSpec`) decodes in the weights' dtype: bf16 autocast over fp32 weights was
+            measured slower than fp32 for decoding on a 2-core CPU (docs/benchmarks.md: rollouts at 0.94x fp32's
+            speed while the bf16 update ran at 1.32x), while bf16 weights decode in bf16 either way.
     """
 
     def __init__(
@@ -128,8 +91,8 @@ class HFEngine:
         self._prefix = PrefixStore(prefix_cache_tokens)
         self._rng = torch.Generator().manual_seed(seed)
         self._step_context, self._autocast = step_context, autocast
-        self._waiting: deque[_Request] = deque()
-        self._active: list[_Request] = []
+        self._waiting: deque[Request] = deque()
+        self._active: list[Request] = []
         self._batch = BatchKV(self._num_layers)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
@@ -181,7 +144,7 @@ class HFEngine:
             generator.manual_seed(int(sampling.seed))
         stop = frozenset(sampling.stop_token_ids if sampling.stop_token_ids is not None
                          else self.policy.stop_token_ids)
-        req = _Request(list(prompt_ids), sampling, session, self._loop.create_future(), generator, stop, stop_when,
+        req = Request(list(prompt_ids), sampling, session, self._loop.create_future(), generator, stop, stop_when,
                        max(int(top_logprobs), 0))
         self.stats.requests += 1
         if len(req.prompt_ids) == 0:
@@ -236,7 +199,7 @@ class HFEngine:
                 self._wakeup.clear()
                 await self._wakeup.wait()
             self._drop_cancelled_waiting()
-            admitted: list[_Request] = []
+            admitted: list[Request] = []
             while self._waiting and len(self._active) + len(admitted) < self.max_batch_size:
                 admitted.append(self._waiting.popleft())
             try:
@@ -262,7 +225,7 @@ class HFEngine:
             self.stats.cancelled += sum(r.future.cancelled() for r in self._waiting)
             self._waiting = deque(r for r in self._waiting if not r.future.done())
 
-    def _fail(self, req: _Request) -> None:
+    def _fail(self, req: Request) -> None:
         """Fail one request with its own error (on the event loop)."""
         assert req.error is not None
         self.stats.failed += 1
@@ -315,7 +278,7 @@ class HFEngine:
             self._active = [self._active[i] for i in keep]
             self._batch.keep(keep)
 
-    def _completion(self, req: _Request, finish: FinishReason) -> Completion:
+    def _completion(self, req: Request, finish: FinishReason) -> Completion:
         return Completion(token_ids=list(req.out_ids), logprobs=list(req.out_logprobs), finish_reason=finish,
                           policy_version=self._version, prompt_len=len(req.prompt_ids), cached_tokens=req.cached,
                           top_logprobs=list(req.out_top))
@@ -334,7 +297,7 @@ class HFEngine:
             logits = self.policy.lm_head(out.last_hidden_state[:, -1])
         return logits.float()
 
-    def _prefill(self, requests: list[_Request]) -> list[_Request]:
+    def _prefill(self, requests: list[Request]) -> list[Request]:
         """Prefill newly admitted requests, several per forward pass (up to ``prefill_batch_tokens`` padded
         tokens), reusing stored prefixes; sample their first tokens and add them to the decode batch.
 
@@ -344,15 +307,15 @@ class HFEngine:
         (``error``) and gets no row.
         """
         first, later = self._split_shared(requests)
-        added: list[_Request] = []
+        added: list[Request] = []
         sizes = [(item.cached, len(item.req.prompt_ids) - item.cached) for item in first]
         for rows in prefill_chunks(sizes, self._prefill_batch_tokens):
             added += self._prefill_chunk([first[i] for i in rows])
         return added + (self._prefill(later) if later else [])
 
-    def _split_shared(self, requests: list[_Request]) -> tuple[list[_Lookup], list[_Request]]:
-        first: list[_Lookup] = []
-        later: list[_Request] = []
+    def _split_shared(self, requests: list[Request]) -> tuple[list[Lookup], list[Request]]:
+        first: list[Lookup] = []
+        later: list[Request] = []
         for req in requests:
             cached, kv = self._prefix.lookup(req.prompt_ids)
             shared = max((common_prefix_len(req.prompt_ids, o.req.prompt_ids) for o in first
@@ -360,10 +323,10 @@ class HFEngine:
             if self._prefix.max_tokens > 0 and min(shared, len(req.prompt_ids) - 1) >= cached + _WAIT_FOR_SHARED:
                 later.append(req)
             else:
-                first.append(_Lookup(req, cached, kv))
+                first.append(Lookup(req, cached, kv))
         return first, later
 
-    def _prefill_chunk(self, chunk: list[_Lookup]) -> list[_Request]:
+    def _prefill_chunk(self, chunk: list[Lookup]) -> list[Request]:
         """One batched prefill; if the forward fails, each request is retried alone so the one at fault fails
         alone."""
         try:
@@ -372,7 +335,7 @@ class HFEngine:
             if len(chunk) == 1:
                 chunk[0].req.error = exc
                 return []
-        added: list[_Request] = []
+        added: list[Request] = []
         for item in chunk:
             try:
                 added += self._prefill_batch([item])
@@ -380,7 +343,7 @@ class HFEngine:
                 item.req.error = exc
         return added
 
-    def _prefill_batch(self, chunk: list[_Lookup]) -> list[_Request]:
+    def _prefill_batch(self, chunk: list[Lookup]) -> list[Request]:
         reqs = [item.req for item in chunk]
         batch = prefill_batch([r.prompt_ids for r in reqs], [(item.cached, item.kv) for item in chunk],
                               self._num_layers, self._device)
@@ -408,7 +371,7 @@ class HFEngine:
         self.stats.decode_steps += 1
         self._sample(self._active, logits, skip_cancelled=True)
 
-    def _sample(self, reqs: list[_Request], logits: Tensor, *, skip_cancelled: bool) -> None:
+    def _sample(self, reqs: list[Request], logits: Tensor, *, skip_cancelled: bool) -> None:
         """Sample one token per request (rows of ``logits``), all rows at once, each from its own generator; an
         error of one request's own (its distribution, its stop callback) fails it alone."""
         rows = [i for i, r in enumerate(reqs) if not (skip_cancelled and r.future.done())]  # cancelled: retired
@@ -429,7 +392,7 @@ class HFEngine:
                     error = exc
             req.error = error
 
-    def _record(self, req: _Request, token: int, logprob: float) -> None:
+    def _record(self, req: Request, token: int, logprob: float) -> None:
         """Append a sampled token and its log-prob; set the finish reason if it ends the completion."""
         sp = req.sampling
         req.out_ids.append(token)
@@ -439,12 +402,3 @@ class HFEngine:
             req.finish = "stop"
         elif len(req.out_ids) >= sp.max_tokens or len(req.prompt_ids) + len(req.out_ids) >= self._max_context:
             req.finish = "length"
-
-
-@dataclass
-class _Lookup:
-    """An admitted request and the stored prefix it reuses."""
-
-    req: _Request
-    cached: int
-    kv: KV | None

@@ -53,6 +53,7 @@ from starlette.exceptions import HTTPException
 from agentrl.agents.base import EpisodeTruncated, ReplayMismatchError
 from agentrl.agents.http_agent import EpisodeRoute
 from agentrl.agents.llm import AssistantReply, LLMClient
+from agentrl.chat.tools import tool_call_id
 from agentrl.serve.gateway_checks import check_request
 from agentrl.serve.gateway_stream import stream_chunks
 from agentrl.serve.http_guards import BodyLimit
@@ -266,7 +267,7 @@ def reply_message(reply: AssistantReply, *, parse_tools: bool) -> tuple[ChatMess
     finish = reply.finish_reason
     if not (parse_tools and reply.tool_calls):
         return ChatMessage(role="assistant", content=reply.text), finish
-    calls = [ToolCall(id=f"call_{reply.turn.index}_{i}",
+    calls = [ToolCall(id=tool_call_id(reply.turn.index, i),
                       function=FunctionCall(name=c.name, arguments=json.dumps(c.arguments)))
              for i, c in enumerate(reply.tool_calls)]
     return ChatMessage(role="assistant", content=reply.content or None, tool_calls=calls), (

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from agentrl.chat.tools import tool_call_id
 from agentrl.types import Trajectory, Turn
 
 Message = dict[str, Any]
@@ -28,7 +29,7 @@ def assistant_message(turn: Turn) -> Message:
     message: Message = {"role": "assistant", "content": turn.text or ""}
     if turn.tool_calls:
         message["tool_calls"] = [
-            {"id": f"call_{turn.index}_{i}", "type": "function",
+            {"id": tool_call_id(turn.index, i), "type": "function",
              "function": {"name": str(call.get("name")), "arguments": json.dumps(call.get("arguments", {}))}}
             for i, call in enumerate(turn.tool_calls)
         ]

@@ -31,7 +31,7 @@ from langchain_core.messages import (
 )
 
 from agentrl.agents.llm import AssistantReply
-from agentrl.chat.tools import HermesToolParser
+from agentrl.chat.tools import HermesToolParser, tool_call_id
 
 RAW_TEXT_KEY = "agentrl_raw_text"
 """``AIMessage.additional_kwargs`` key holding the exact text the model generated."""
@@ -106,9 +106,10 @@ def _convert(message: BaseMessage, native_tools: bool) -> Message:
 
 def to_ai_message(reply: AssistantReply, *, model_name: str) -> AIMessage:
     """The `AIMessage` of a reply: parsed tool calls, parse errors as ``invalid_tool_calls``, token usage, and
-    turn metadata. Tool-call ids are ``call_<turn>_<i>``: unique within the episode and the same on replay."""
+    turn metadata. Tool-call ids are `agentrl.chat.tools.tool_call_id`'s: unique within the episode and the same on
+    replay."""
     turn = reply.turn
-    calls = [ToolCall(name=c.name, args=c.arguments, id=f"call_{turn.index}_{i}", type="tool_call")
+    calls = [ToolCall(name=c.name, args=c.arguments, id=tool_call_id(turn.index, i), type="tool_call")
              for i, c in enumerate(reply.tool_calls)]
     invalid = []
     for j, error in enumerate(reply.tool_call_errors):

@@ -1,0 +1,56 @@
+"""Servers the tests start as real subprocesses on 127.0.0.1: a free port, start and wait until ``/health``
+answers, stop (terminate, then kill). `tests.support.server` (``agentrl serve``) and
+`tests.support.mlflow_server` (``mlflow server``) are built on these."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate ``proc`` (SIGTERM, what a user's Ctrl-C or a supervisor sends); kill it after 20 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=20)
+
+
+def start_healthy(name: str, cmd: Sequence[str], log: Path, url: str, *, timeout: float = 120.0,
+                  env: Mapping[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` with its output in ``log`` and return once ``{url}/health`` answers 200; raise (naming it
+    ``name``, with the log's tail) if it exits first or is not healthy within ``timeout`` seconds (then stopped)."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
+                                env=dict(env) if env is not None else dict(os.environ))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{_tail(log)}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    stop_process(proc)
+    raise RuntimeError(f"{name} did not become healthy in {timeout} s:\n{_tail(log)}")
+
+
+def _tail(log: Path, chars: int = 4000) -> str:
+    return log.read_text(errors="replace")[-chars:]
