@@ -66,13 +66,26 @@ def test_the_run_stops_at_the_first_step_that_spends_the_budget_and_evaluates_on
 def test_greedy_evaluation_is_repeatable_and_sampled_evaluation_follows_the_seed() -> None:
     module = make_module(GRPO(group_size=2))
     data = guess_data(batch_size=2, steps=1, eval_episodes=4, eval_greedy=True)
-    fit(module, data)  # base and final evaluations with different weights; now evaluate twice more with the same
-    module.attach(data.make_collector)
-    try:
-        first, second = module.evaluate("a"), module.evaluate("b")
-    finally:
-        module.detach()
-    assert first == second  # greedy is deterministic; sampled evaluation draws the same per-task seeds
+    fit(module, data)  # base and final evaluations with different weights; now play the held-out tasks again
+
+    def replies(seed: int) -> tuple[list[list[int]], list[list[int]]]:
+        """Every response of the sampled and of the greedy evaluation with the run seed ``seed``."""
+        data.seed = seed
+        module.attach(data.make_collector)
+        try:
+            tasks = data.eval_task_list()
+            sampled, greedy = module.session.play(tasks), module.session.play(tasks, temperature=0.0)
+            assert module.evaluate("again")["eval/episodes"] == 4
+        finally:
+            module.detach()
+        ids = [[t.response_ids for tr in trajs for t in tr.turns] for trajs in (sampled, greedy)]
+        return ids[0], ids[1]
+
+    sampled, greedy = replies(0)
+    assert replies(0) == (sampled, greedy)  # the same seed plays the same episodes, sampled and greedy
+    other_sampled, other_greedy = replies(1)
+    assert other_sampled != sampled  # sampled evaluation follows the run seed (the control)
+    assert other_greedy == greedy  # greedy evaluation does not depend on it
 
 
 @pytest.mark.parametrize(("key", "value"), [("max_generated_tokens", 0), ("eval_every_tokens", -1)])

@@ -24,6 +24,7 @@ from agentrl.training.schedules import rollout_metrics
 
 if TYPE_CHECKING:
     from agentrl.agents.base import Task
+    from agentrl.training.datamodule import RolloutDataModule
     from agentrl.training.session import RolloutSession
 
 
@@ -37,6 +38,13 @@ class EvalPlan:
     every_tokens: int = 0
     steps: int = 1
     max_generated_tokens: int | None = None
+
+    @classmethod
+    def of(cls, data: RolloutDataModule) -> EvalPlan:
+        """The plan of a data module's settings."""
+        return cls(episodes=data.eval_episodes, greedy=data.eval_greedy, every=data.eval_every,
+                   every_tokens=data.eval_every_tokens, steps=data.steps,
+                   max_generated_tokens=data.max_generated_tokens)
 
     def budget_spent(self, generated_tokens: int) -> bool:
         """True once the run has sampled ``max_generated_tokens`` tokens for training."""

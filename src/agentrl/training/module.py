@@ -137,13 +137,7 @@ class AgentRLModule(pl.LightningModule, RunView):
             self._full_policy = [sharding.shard_for_training(self.policy, self.critic, mesh["data_parallel"])]
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
-        o = self.optim
-        opts: list[torch.optim.Optimizer] = [torch.optim.AdamW(
-            self.policy.trainable_parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)]
-        if self.critic is not None:
-            opts.append(torch.optim.AdamW(self.critic.trainable_parameters(), lr=o.critic_lr,
-                                          betas=(o.beta1, o.beta2), weight_decay=o.weight_decay))
-        return opts
+        return self.ppo_update.build_optimizers()
 
     def configure_callbacks(self) -> list[pl.Callback]:
         # Lightning tells callbacks, not the module, about exceptions: stop the engine and loop through one
@@ -228,10 +222,7 @@ class AgentRLModule(pl.LightningModule, RunView):
 
     @property
     def _eval_plan(self) -> evaluation.EvalPlan:
-        dm = self.data
-        return evaluation.EvalPlan(episodes=dm.eval_episodes, greedy=dm.eval_greedy, every=dm.eval_every,
-                                   every_tokens=dm.eval_every_tokens, steps=dm.steps,
-                                   max_generated_tokens=dm.max_generated_tokens)
+        return evaluation.EvalPlan.of(self.data)
 
     def _serve_policy(self) -> Policy:
         """The policy the engine runs: the policy itself, or (sharded) its full copy refreshed (a collective)."""

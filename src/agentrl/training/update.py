@@ -65,6 +65,16 @@ class PPOUpdate:
         self.bad_updates = 0  # non-finite updates in a row
         self._costs: defaultdict[str, float] = defaultdict(float)
 
+    def build_optimizers(self) -> list[torch.optim.Optimizer]:
+        """AdamW for the policy's trainable parameters and, with a critic, a second one at the critic's rate."""
+        o = self.optim
+        opts: list[torch.optim.Optimizer] = [torch.optim.AdamW(
+            self.policy.trainable_parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)]
+        if self.critic is not None:
+            opts.append(torch.optim.AdamW(self.critic.trainable_parameters(), lr=o.critic_lr,
+                                          betas=(o.beta1, o.beta2), weight_decay=o.weight_decay))
+        return opts
+
     def take_costs(self) -> dict[str, float]:
         """Token and time counters of the updates since the last call (and reset them)."""
         costs, self._costs = dict(self._costs), defaultdict(float)
