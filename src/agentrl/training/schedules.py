@@ -161,7 +161,28 @@ class GRPO(GroupSchedule):
         return 1.0 / max(sum(len(t.response_ids) for t in traj.turns), 1)
 
 
-class TurnPPO(GroupSchedule):
+class CriticSchedule(GroupSchedule):
+    """What Turn-PPO and token-level PPO share: a critic, a discount and λ, optional whitening, and taking part in
+    the collectives (scoring, whitening) on a rank without episodes."""
+
+    needs_critic = True
+
+    def __init__(self, gamma: float, lam: float, group_size: int, whiten_advantages: bool,
+                 ppo: PPOSettings | None) -> None:
+        _check_discount(gamma, lam)
+        super().__init__(group_size, ppo)
+        self.gamma, self.lam = gamma, lam
+        self.whiten_advantages = whiten_advantages
+
+    def _no_episodes(self, learner: Learner) -> tuple[Targets, dict[str, float]]:
+        """No episodes on this rank: still take part in what is collective (scoring under sharded weights, and
+        whitening)."""
+        learner.values([], [])
+        _whiten(learner, torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.bool), self.whiten_advantages)
+        return {}, {}
+
+
+class TurnPPO(CriticSchedule):
     """Turn-PPO: turn critic V(s_n) read at the last prompt token, GAE over turns, PPO on the turns' tokens.
 
     Args:
@@ -172,21 +193,14 @@ class TurnPPO(GroupSchedule):
         ppo: Clipped-update settings.
     """
 
-    needs_critic = True
-
     def __init__(self, gamma: float = 0.99, lam: float = 0.9, group_size: int = 1, whiten_advantages: bool = True,
                  ppo: PPOSettings | None = None) -> None:
-        _check_discount(gamma, lam)
-        super().__init__(group_size, ppo)
-        self.gamma, self.lam = gamma, lam
-        self.whiten_advantages = whiten_advantages
+        super().__init__(gamma, lam, group_size, whiten_advantages, ppo)
 
     def targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
         """Advantages and returns from the critic's values *before* any update of this step."""
-        if not ok:  # still take part in what is collective: scoring (sharded weights) and whitening
-            learner.values([], [])
-            _whiten(learner, torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.bool), self.whiten_advantages)
-            return {}, {}
+        if not ok:
+            return self._no_episodes(learner)
         values = learner.values(ok, keys_of(ok))
         B, T = len(ok), max(t.num_turns for t in ok)
         rewards, v, mask = torch.zeros(B, T), torch.zeros(B, T), torch.zeros(B, T, dtype=torch.bool)
@@ -201,7 +215,7 @@ class TurnPPO(GroupSchedule):
                          "train/value_mean": float(v[mask].mean())}
 
 
-class TokenPPO(GroupSchedule):
+class TokenPPO(CriticSchedule):
     """Token-level PPO: a value per response token, GAE over the episode's response tokens (observation tokens
     masked), one packed sequence per episode.
 
@@ -213,23 +227,16 @@ class TokenPPO(GroupSchedule):
         ppo: Clipped-update settings (default aggregation: global token mean).
     """
 
-    needs_critic = True
-
     def __init__(self, gamma: float = 1.0, lam: float = 1.0, group_size: int = 1, whiten_advantages: bool = True,
                  ppo: PPOSettings | None = None) -> None:
-        _check_discount(gamma, lam)
-        super().__init__(group_size, ppo)
-        self.gamma, self.lam = gamma, lam
-        self.whiten_advantages = whiten_advantages
+        super().__init__(gamma, lam, group_size, whiten_advantages, ppo)
 
     def default_aggregate(self) -> Aggregator:
         return token_mean
 
     def targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
-        if not ok:  # still take part in what is collective: scoring (sharded weights) and whitening
-            learner.values([], [])
-            _whiten(learner, torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.bool), self.whiten_advantages)
-            return {}, {}
+        if not ok:
+            return self._no_episodes(learner)
         values = learner.values(ok, keys_of(ok))
         # each episode's response tokens in order: observation tokens are simply absent (masked)
         lengths = [sum(len(t.response_ids) for t in traj.turns) for traj in ok]
