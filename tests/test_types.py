@@ -61,6 +61,7 @@ def _batch(**override: torch.Tensor) -> TurnBatch:
         "old_values": torch.zeros(shape),
         "value_mask": torch.zeros(shape, dtype=torch.bool),
         "weights": torch.ones(shape),
+        "units": torch.ones(shape),
     }
     fields.update(override)
     return TurnBatch(**fields)

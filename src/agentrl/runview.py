@@ -32,6 +32,7 @@ class RunView(abc.ABC):
     Attributes:
         rl_step: RL steps done so far (restored on resume).
         last_trajectories: The last training collection's episodes.
+        last_metrics: The last step's logged metrics (only what that step measured).
         base_eval: The held-out evaluation of the starting weights (empty when none ran: resumed, or no
             evaluation episodes).
         last_eval: The latest held-out evaluation (empty when none ran).
@@ -39,6 +40,7 @@ class RunView(abc.ABC):
 
     rl_step: int
     last_trajectories: Sequence[Trajectory]
+    last_metrics: Mapping[str, float]
     base_eval: Mapping[str, float]
     last_eval: Mapping[str, float]
 

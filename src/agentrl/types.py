@@ -177,6 +177,9 @@ class TurnBatch:
         old_values: (N, L) critic values at rollout time, at ``value_mask`` positions.
         value_mask: (N, L) True where the value loss applies (turn critic: first response token of each turn).
         weights: (N, L) extra per-token loss weights (e.g. off-policy importance weights); ones by default.
+        units: (N, L) the unit each response token's sample counts for (`TurnTargets.unit`: GRPO's trajectory
+            weighting gives each of a trajectory's T turns 1/T); ones by default. Entropy and KL terms are weighted
+            by it, so they are means at the same scale as the policy loss.
     """
 
     input_ids: torch.Tensor
@@ -189,6 +192,7 @@ class TurnBatch:
     old_values: torch.Tensor
     value_mask: torch.Tensor
     weights: torch.Tensor
+    units: torch.Tensor
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2:

@@ -148,6 +148,7 @@ def collate(rows: Sequence[Row], pad_id: int) -> TurnBatch:
     turn_ids = torch.full((N, L), -1, dtype=torch.long)
     floats = {k: torch.zeros(N, L) for k in ("old_logprobs", "advantages", "returns", "old_values")}
     weights = torch.ones(N, L)
+    units = torch.ones(N, L)
     tid = 0  # turn ids only group tokens within this batch (the loss aggregations); keys name turns
     for i, row in enumerate(rows):
         input_ids[i, : len(row.ids)] = torch.tensor(row.ids)
@@ -161,6 +162,7 @@ def collate(rows: Sequence[Row], pad_id: int) -> TurnBatch:
             turn_ids[i, s] = tid
             tid += 1
             weights[i, s] = tgt.weight * tgt.unit * torch.tensor(_as_list(tgt.token_weights or 1.0, n, "weights"))
+            units[i, s] = tgt.unit
             floats["old_logprobs"][i, s] = torch.tensor(_as_list(tgt.old_logprobs or turn.logprobs, n, "logprobs"))
             floats["advantages"][i, s] = torch.tensor(_as_list(tgt.advantage, n, "advantage"))
             if tgt.returns is None:
@@ -175,7 +177,7 @@ def collate(rows: Sequence[Row], pad_id: int) -> TurnBatch:
                 floats["returns"][i, first] = float(tgt.returns)  # type: ignore[arg-type]
                 floats["old_values"][i, first] = float(tgt.old_values or 0.0)  # type: ignore[arg-type]
     return TurnBatch(input_ids, attention, response, turn_ids, floats["old_logprobs"], floats["advantages"],
-                     floats["returns"], floats["old_values"], value_mask, weights)
+                     floats["returns"], floats["old_values"], value_mask, weights, units)
 
 
 def micro_batches(rows: Sequence[Row], max_tokens: int) -> list[list[Row]]:

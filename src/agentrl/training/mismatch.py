@@ -61,13 +61,17 @@ def trained_keys(rows: Sequence[Row]) -> list[TurnKey]:
 def with_old_logprobs(trajectories: Sequence[Trajectory], rows: list[Row], ppo: PPOSettings,
                       score: Scorer | None) -> tuple[list[Row], dict[str, float]]:
     """``rows`` with π_old recomputed by ``score`` (None: keep the recorded log-probs) and the correction
-    weights in their targets, and the mismatch metrics.
+    weights in their targets, and the mismatch metrics. A target whose ``old_logprobs`` are already set keeps them
+    as π_old (they are corrected against the behaviour log-probs all the same).
 
     Every rank must call it when ``score`` is given (scoring is collective under sharded weights).
     """
-    if score is None:
+    preset = {key: tgt.old_logprobs for r in rows for key, _, tgt in r.turns if tgt.old_logprobs is not None}
+    if score is None and not preset:
         return rows, {}
-    recomputed = score(trajectories, trained_keys(rows))
+    recomputed = dict(preset)  # π_old a schedule fixed itself (RTPO's off-policy ablation: the sampling weights)
+    if score is not None:
+        recomputed |= score(trajectories, [key for key in trained_keys(rows) if key not in preset])
     old_all: list[float] = []
     beh_all: list[float] = []
     weights: list[float] = []

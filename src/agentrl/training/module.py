@@ -325,7 +325,11 @@ class AgentRLModule(pl.LightningModule, RunView):
         self.generated_tokens += int(metrics.get("perf/generated_tokens", 0))
         metrics["perf/generated_tokens_total"] = float(self.generated_tokens)
         self.last_metrics = metrics
-        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(tasks))
+        # to the loggers directly, exactly the step's measurements: Lightning's `log_dict` re-logs every key ever
+        # logged in the epoch at each later step, so a metric a step did not measure showed its old value again
+        # (at Lightning's step index, the batch's: RL step k is logged at k − 1, evaluations after it at k)
+        for logger in self.trainer.loggers:
+            logger.log_metrics(metrics, step=self.rl_step - 1)
         reward = metrics.get("rollout/reward", float("nan"))
         self.log("reward", reward, prog_bar=True, on_step=True, batch_size=len(tasks), logger=False)
         self.log("step_s", metrics["perf/step_seconds"], prog_bar=True, on_step=True, batch_size=len(tasks),

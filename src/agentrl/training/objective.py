@@ -7,6 +7,18 @@ for less than one unit (`TurnTargets.unit`, e.g. GRPO's trajectory weighting giv
 1/T), so the minibatch's units are ``Σ unit`` (turns) or ``Σ unit · tokens`` (tokens), while a micro-batch's
 aggregation divides by its plain count (`aggregation_divisor`); the micro-batch's share is count / units. Summed
 over micro-batches — and over ranks, with the units summed over ranks too — this is exactly one process's update.
+The entropy bonus and the KL penalty are weighted by the same units (``TurnBatch.units``), so they act at their
+configured strength whatever the turns per trajectory.
+
+**Statistics** come back as shares that sum to the minibatch's value: the policy loss, entropy and KL to the
+reference by the unit share (unit-weighted means, the loss's own scale); ``approx_kl`` and ``clipfrac``, which are
+token means, by the micro-batch's share of the minibatch's response tokens.
+
+**Signal** (`MinibatchCounts`): identical turns (same context, same reply) are one sample to the gradient, so their
+advantages are summed before asking whether the minibatch has any — two RTPO siblings that sampled the same reply
+with returns 1 and 0 have advantages ±½ that cancel exactly, and an optimizer step on that would be momentum and
+weight decay only. The policy's optimizer steps only with a non-cancelled advantage (or an entropy/KL term), the
+critic's only with value targets.
 
 Pure of Lightning: the update (`agentrl.training.update`) calls `ppo_objective` for each micro-batch and does the
 backward itself.
@@ -14,7 +26,9 @@ backward itself.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -26,16 +40,26 @@ from agentrl.training.batching import Row
 from agentrl.training.settings import PPOSettings
 from agentrl.types import TurnBatch
 
+CANCELLED = 1e-9  # a folded advantage this small against the largest folded into it counts as cancelled
+
+
+class Shares(NamedTuple):
+    """A micro-batch's part of its minibatch: of the loss's units, of the response tokens, and the minibatch's
+    value targets (the value loss is a mean over them)."""
+
+    units: float
+    tokens: float
+    value_units: float
+
 
 def ppo_objective(
     policy: Policy, critic: TurnCritic | None, batch: TurnBatch, ppo: PPOSettings, *, temperature: float,
-    vf_coef: float, share: float, value_units: float, lockstep: bool = False,
+    vf_coef: float, shares: Shares, lockstep: bool = False,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Loss of ``batch`` (to backpropagate) and its statistics (``train/*``, unscaled).
+    """Loss of ``batch`` (to backpropagate) and its statistics (``train/*``, as shares: see the module docstring).
 
     Args:
-        share: This micro-batch's units (turns or tokens, per ``ppo.aggregate``) over the minibatch's.
-        value_units: Value targets in the whole minibatch (the value loss is a mean over them).
+        shares: This micro-batch's part of the minibatch (`Shares`).
         lockstep: Run the critic even without value targets here (sharded weights: every rank runs the same
             forwards and backwards, see `agentrl.training.sharding`).
     """
@@ -48,27 +72,29 @@ def ppo_objective(
         log_ratio_clamp=ppo.log_ratio_clamp, weights=batch.weights,
     )
     assert lp.entropy is not None
-    entropy = ppo.aggregator(lp.entropy, batch.response_mask, batch.turn_ids)
+    share = shares.units
+    entropy = ppo.aggregator(lp.entropy * batch.units, batch.response_mask, batch.turn_ids)
     loss = (pl_out.loss - ppo.entropy_coef * entropy) * share
-    stats = {"train/policy_loss": pl_out.loss.item(), "train/approx_kl": pl_out.approx_kl.item(),
-             "train/clipfrac": pl_out.clipfrac.item(), "train/entropy": entropy.item()}
+    stats = {"train/policy_loss": pl_out.loss.item() * share, "train/entropy": entropy.item() * share,
+             "train/approx_kl": pl_out.approx_kl.item() * shares.tokens,
+             "train/clipfrac": pl_out.clipfrac.item() * shares.tokens}
     if ppo.kl_coef > 0:
         with torch.no_grad(), policy.adapter_disabled():
             ref = policy.logprobs_from_hidden(policy.hidden_states(batch.input_ids, batch.attention_mask),
                                               batch.input_ids, batch.response_mask, temperature=temperature).logprobs
-        kl = ppo.aggregator(kl_k3(lp.logprobs, ref), batch.response_mask, batch.turn_ids)
+        kl = ppo.aggregator(kl_k3(lp.logprobs, ref) * batch.units, batch.response_mask, batch.turn_ids)
         loss = loss + ppo.kl_coef * kl * share
-        stats["train/kl_ref"] = kl.item()
+        stats["train/kl_ref"] = kl.item() * share
     if critic is not None and (lockstep or bool(batch.value_mask.any())):
         critic_hidden = hidden if critic.backbone is None else critic.hidden_states(batch.input_ids,
                                                                                     batch.attention_mask)
         values = critic.values_from_hidden(critic_hidden)
         vl = clipped_value_loss(values, batch.old_values, batch.returns, batch.value_mask, clip=ppo.value_clip)
-        v_share = float(batch.value_mask.sum()) / max(value_units, 1)
+        v_share = float(batch.value_mask.sum()) / max(shares.value_units, 1)
         loss = loss + vf_coef * vl.loss * v_share
         if v_share > 0:
-            stats["train/value_loss"] = vl.loss.item() * v_share / share
-            stats["train/value_clipfrac"] = float(vl.clipfrac) * v_share / share
+            stats["train/value_loss"] = vl.loss.item() * v_share
+            stats["train/value_clipfrac"] = float(vl.clipfrac) * v_share
     return loss, stats
 
 
@@ -92,17 +118,56 @@ def value_units(rows: Sequence[Row]) -> float:
                      for r in rows for _, t, tgt in r.turns if tgt.returns is not None and t.response_ids))
 
 
-def has_signal(rows: Sequence[Row], ppo: PPOSettings) -> bool:
-    """Whether ``rows`` give any gradient: a non-zero advantage, a value target, or an entropy/KL term."""
-    if ppo.entropy_coef > 0 or ppo.kl_coef > 0:
-        return any(t.response_ids for r in rows for _, t, _ in r.turns)
+def response_tokens(rows: Sequence[Row]) -> float:
+    """Trained response tokens in ``rows``."""
+    return float(sum(len(t.response_ids) for r in rows for _, t, _ in r.turns))
+
+
+def informative_samples(rows: Sequence[Row]) -> int:
+    """Distinct trained samples whose advantage survives folding: identical turns (same context and reply) summed,
+    unit- and weight-weighted, per token for per-token advantages; a sum below `CANCELLED` × the largest term
+    folded into it counts as cancelled."""
+    folded: dict[tuple[tuple[int, ...], tuple[int, ...]], list[float]] = {}
+    largest: defaultdict[tuple[tuple[int, ...], tuple[int, ...]], float] = defaultdict(float)
     for r in rows:
         for _, t, tgt in r.turns:
             if not t.response_ids:
                 continue
-            if tgt.returns is not None:
-                return True
-            adv = tgt.advantage if isinstance(tgt.advantage, list) else [tgt.advantage]
-            if any(a != 0.0 for a in adv):
-                return True
-    return False
+            adv = tgt.advantage if isinstance(tgt.advantage, list) else [tgt.advantage] * len(t.response_ids)
+            terms = [a * tgt.unit * tgt.weight for a in adv]
+            key = (tuple(t.prompt_ids), tuple(t.response_ids))
+            acc = folded.setdefault(key, [0.0] * len(terms))
+            folded[key] = [x + y for x, y in zip(acc, terms, strict=True)]
+            largest[key] = max(largest[key], *(abs(x) for x in terms))
+    return sum(1 for key, acc in folded.items()
+               if largest[key] > 0 and max(abs(x) for x in acc) > CANCELLED * largest[key])
+
+
+class MinibatchCounts(NamedTuple):
+    """A minibatch's counts, summed over the ranks before the update uses them (`as_tensor`, `of`)."""
+
+    units: float
+    value_units: float
+    tokens: float
+    informative: float
+
+    @classmethod
+    def local(cls, rows: Sequence[Row], ppo: PPOSettings) -> MinibatchCounts:
+        return cls(minibatch_units(rows, ppo), value_units(rows), response_tokens(rows),
+                   float(informative_samples(rows)))
+
+    def as_tensor(self) -> Tensor:
+        return torch.tensor(list(self), dtype=torch.float64)
+
+    @classmethod
+    def of(cls, summed: Tensor) -> MinibatchCounts:
+        return cls(*summed.tolist())
+
+    def policy_signal(self, ppo: PPOSettings) -> bool:
+        """Whether the policy has a gradient: a non-cancelled advantage, or an entropy/KL term on some token."""
+        return self.informative > 0 or ((ppo.entropy_coef > 0 or ppo.kl_coef > 0) and self.tokens > 0)
+
+    def shares(self, micro: Sequence[Row], ppo: PPOSettings) -> Shares:
+        """``micro``'s `Shares` of this minibatch."""
+        return Shares(aggregation_divisor(micro, ppo) / max(self.units, 1e-12),
+                      response_tokens(micro) / max(self.tokens, 1.0), self.value_units)

@@ -143,10 +143,10 @@ class RunProgress(ProgressBar):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        m = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
         view = run_view(pl_module)
-        step = view.rl_step if view is not None else batch_idx + 1
-        total = view.total_steps if view is not None else int(self.total_train_batches)
+        if view is None:
+            return
+        m, step, total = view.last_metrics, view.rl_step, view.total_steps
         done = max(step - self._first_step, 1)
         eta = (time.perf_counter() - self._start) / done * max(total - step, 0)
         self._say(trainer, (

@@ -95,16 +95,20 @@ class RTPO(Schedule):
             depth = min(depth, self.max_depth)
         by_id = {t.id: t for t in tasks}
         upfront: dict[int, list[Trajectory]] = {}
+        sampled_logprobs: dict[int, dict[tuple[int, int], list[float]]] = {}
         if self.off_policy_continuation:
             for k in range(depth):
                 upfront[k] = learner.collect(col.branch(ok, by_id, k, self.siblings, step=step))
+            for k in range(depth):  # π_old of every depth's turn k: the weights that sampled them (θ_0), not θ_{>k}
+                keys = [(b, k) for b, sib in enumerate(upfront[k]) if not sib.failed and sib.num_turns > k]
+                sampled_logprobs[k] = learner.logprobs(upfront[k], keys)
         per_depth: list[dict[str, float]] = []
         for k in reversed(range(depth)):
             if self.off_policy_continuation:
                 siblings = upfront[k]
             else:
                 siblings = learner.collect(col.branch(ok, by_id, k, self.siblings, step=step))
-            stats, train = self._update_depth(learner, k, siblings)
+            stats, train = self._update_depth(learner, k, siblings, sampled_logprobs.get(k))
             per_depth.append(train)
             metrics.update({f"rtpo/depth{k}/{name}": v for name, v in stats.items()})
             learner.push_weights()
@@ -114,10 +118,13 @@ class RTPO(Schedule):
         metrics["rtpo/depths"] = float(depth)
         return metrics
 
-    def _update_depth(self, learner: Learner, k: int, siblings: list[Trajectory]) -> tuple[
+    def _update_depth(self, learner: Learner, k: int, siblings: list[Trajectory],
+                      old_logprobs: dict[tuple[int, int], list[float]] | None = None) -> tuple[
             dict[str, float], dict[str, float]]:
-        """Sibling advantages and the PPO update of depth k: (per-depth statistics, ``train/*`` metrics)."""
-        ok = [s for s in siblings if not s.failed and s.num_turns > k]
+        """Sibling advantages and the PPO update of depth k: (per-depth statistics, ``train/*`` metrics).
+        ``old_logprobs`` (off-policy ablation): π_old of the siblings' turn k, keyed by their place in ``siblings``."""
+        keep = [b for b, s in enumerate(siblings) if not s.failed and s.num_turns > k]
+        ok = [siblings[b] for b in keep]
         stats: dict[str, float] = {"siblings": float(len(ok))}
         # scoring is collective under sharded weights: every rank scores, with or without siblings
         weights = self._is_weights(learner, ok, k, self.is_clamp) if self.off_policy_continuation else [1.0] * len(ok)
@@ -126,7 +133,9 @@ class RTPO(Schedule):
         rewards = torch.tensor([s.total_reward for s in ok], dtype=torch.float64)
         groups = torch.tensor([s.group for s in ok])
         adv = sibling_advantages(rewards, groups)
-        targets = {(b, k): TurnTargets(float(adv[b]), weight=weights[b]) for b in range(len(ok))}
+        fixed = [old_logprobs.get((b, k)) if old_logprobs is not None else None for b in keep]
+        targets = {(i, k): TurnTargets(float(adv[i]), weight=weights[i], old_logprobs=fixed[i])
+                   for i in range(len(ok))}
         stats["reward"] = float(rewards.mean())
         stats["zero_advantage_frac"] = float((adv.abs() < 1e-12).double().mean())
         stats["mean_abs_advantage"] = float(adv.abs().mean())
@@ -154,11 +163,18 @@ class RTPO(Schedule):
 def _roll_up_depths(per_depth: list[dict[str, float]]) -> dict[str, float]:
     """One step's ``train/*`` and behaviour-correction metrics from the per-depth updates' metrics."""
     out: dict[str, float] = {}
+    # mean over the depths whose update took an optimizer step (the same depths on every rank: the decision is
+    # global), a trained depth without this rank's turns counting 0: these are shares of the global update
+    # (summed over ranks when logged), so a rank's missing depth must not change the divisor
+    trained = [s for s in per_depth if s.get("train/optimizer_steps", 0.0) > 0]
+    out["rtpo/trained_depths"] = float(len(trained))
     for name in ("train/policy_loss", "train/approx_kl", "train/clipfrac", "train/entropy", "train/grad_norm"):
-        # mean over the depths, a depth without this rank's turns counting 0: these are shares of the global
-        # update (summed over ranks when logged), so a rank's missing depth must not change the divisor
+        if trained and any(name in s for s in trained):
+            out[name] = sum(s.get(name, 0.0) for s in trained) / len(trained)
+    for name in ("train/optimizer_steps", "train/skipped_updates", "train/early_stopped", "train/minibatches",
+                 "train/informative_samples"):
         if any(name in s for s in per_depth):
-            out[name] = sum(s.get(name, 0.0) for s in per_depth) / len(per_depth)
+            out[name] = sum(s.get(name, 0.0) for s in per_depth)
     # behaviour correction of the siblings' turn k, over every depth's recomputed tokens (token-weighted, as
     # one update over all of them would report it)
     counted = [s for s in per_depth if s.get("rollout/recomputed_tokens", 0.0) > 0]

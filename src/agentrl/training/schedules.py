@@ -16,6 +16,7 @@ Schedules talk to the trainer only through the `Learner` protocol (``agentrl.tra
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -168,11 +169,44 @@ class CriticSchedule(GroupSchedule):
     needs_critic = True
 
     def __init__(self, gamma: float, lam: float, group_size: int, whiten_advantages: bool,
-                 ppo: PPOSettings | None) -> None:
+                 ppo: PPOSettings | None, value_warmup_epochs: int = 0) -> None:
         _check_discount(gamma, lam)
+        if value_warmup_epochs < 0:
+            raise ValueError(f"algorithm.value_warmup_epochs must be >= 0, got {value_warmup_epochs}")
         super().__init__(group_size, ppo)
         self.gamma, self.lam = gamma, lam
         self.whiten_advantages = whiten_advantages
+        self.value_warmup_epochs = value_warmup_epochs
+
+    def targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
+        stats = self._warm_up_values(learner, ok) if learner.rl_step == 0 and self.value_warmup_epochs else {}
+        if not ok:
+            targets, more = self._no_episodes(learner)
+        else:
+            targets, more = self.critic_targets(learner, ok)
+        return targets, stats | more
+
+    def critic_targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
+        raise NotImplementedError
+
+    def _warm_up_values(self, learner: Learner, ok: list[Trajectory]) -> dict[str, float]:
+        """Before the run's first policy update: ``value_warmup_epochs`` critic-only epochs on the first batch's
+        discounted returns-to-go (zero advantages: the policy's optimizer takes no step), so the first advantages
+        come from a critic that has seen returns rather than from the neutral start. Every rank takes part."""
+        targets: Targets = {}
+        for b, traj in enumerate(ok):
+            ret = 0.0
+            for turn, r in reversed(list(zip(traj.turns, traj.turn_rewards(), strict=True))):
+                ret = r + self.gamma * ret
+                n = len(turn.response_ids)
+                targets[(b, turn.index)] = self._warmup_target(ret, n)
+        ppo = replace(self.ppo, epochs=self.value_warmup_epochs, value_clip=None, entropy_coef=0.0, kl_coef=0.0,
+                      target_kl=None)
+        out = learner.update(ok, targets, ppo, tag="value-warmup")
+        return {"train/value_warmup_loss": out.get("train/value_loss", float("nan"))}
+
+    def _warmup_target(self, ret: float, n_tokens: int) -> TurnTargets:
+        return TurnTargets(0.0, ret, 0.0)
 
     def _no_episodes(self, learner: Learner) -> tuple[Targets, dict[str, float]]:
         """No episodes on this rank: still take part in what is collective (scoring under sharded weights, and
@@ -191,16 +225,16 @@ class TurnPPO(CriticSchedule):
         group_size: Episodes per task (1: Turn-PPO prefers more distinct tasks to more samples per task).
         whiten_advantages: Normalise advantages over the batch's turns.
         ppo: Clipped-update settings.
+        value_warmup_epochs: Critic-only epochs on the first batch's returns before the run's first policy update
+            (0: none); the critic starts neutral (V = 0), so this is what makes the first advantages informed.
     """
 
     def __init__(self, gamma: float = 0.99, lam: float = 0.9, group_size: int = 1, whiten_advantages: bool = True,
-                 ppo: PPOSettings | None = None) -> None:
-        super().__init__(gamma, lam, group_size, whiten_advantages, ppo)
+                 ppo: PPOSettings | None = None, value_warmup_epochs: int = 0) -> None:
+        super().__init__(gamma, lam, group_size, whiten_advantages, ppo, value_warmup_epochs)
 
-    def targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
-        """Advantages and returns from the critic's values *before* any update of this step."""
-        if not ok:
-            return self._no_episodes(learner)
+    def critic_targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
+        """Advantages and returns from the critic's values *before* any policy update of this step."""
         values = learner.values(ok, keys_of(ok))
         B, T = len(ok), max(t.num_turns for t in ok)
         rewards, v, mask = torch.zeros(B, T), torch.zeros(B, T), torch.zeros(B, T, dtype=torch.bool)
@@ -225,18 +259,21 @@ class TokenPPO(CriticSchedule):
         group_size: Episodes per task.
         whiten_advantages: Normalise advantages over the batch's tokens.
         ppo: Clipped-update settings (default aggregation: global token mean).
+        value_warmup_epochs: Critic-only epochs on the first batch's returns before the first policy update.
     """
 
     def __init__(self, gamma: float = 1.0, lam: float = 1.0, group_size: int = 1, whiten_advantages: bool = True,
-                 ppo: PPOSettings | None = None) -> None:
-        super().__init__(gamma, lam, group_size, whiten_advantages, ppo)
+                 ppo: PPOSettings | None = None, value_warmup_epochs: int = 0) -> None:
+        super().__init__(gamma, lam, group_size, whiten_advantages, ppo, value_warmup_epochs)
+
+    def _warmup_target(self, ret: float, n_tokens: int) -> TurnTargets:
+        # a value per response token: the turn's return-to-go at each (the reward comes at the turn's last token)
+        return TurnTargets([0.0] * n_tokens, [ret] * n_tokens, [0.0] * n_tokens, per_token_values=True)
 
     def default_aggregate(self) -> Aggregator:
         return token_mean
 
-    def targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
-        if not ok:
-            return self._no_episodes(learner)
+    def critic_targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
         values = learner.values(ok, keys_of(ok))
         # each episode's response tokens in order: observation tokens are simply absent (masked)
         lengths = [sum(len(t.response_ids) for t in traj.turns) for traj in ok]

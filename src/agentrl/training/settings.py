@@ -79,6 +79,13 @@ class PPOSettings:
             (token MIS), `agentrl.algorithms.turn_masked_is` (turn MIS), or null (no correction). Applies only when
             π_old is recomputed.
         correction_cap: C of the correction: TIS weights are min(π_old/π_b, C); MIS keeps ratios in [1/C, C].
+        target_kl: Stop the update (remaining minibatches and epochs) at the first minibatch whose approx_kl
+            (current weights against π_old, over every rank) exceeds this, before its step; null never stops. The
+            first minibatch of an update starts at ratio 1, so at least one step is always taken.
+        lr_reference_samples: Scale the policy's learning rate for an update by ``min(1, n / this)``, n the
+            update's informative samples (distinct trained turns whose advantage does not cancel, over every rank):
+            the linear scaling rule below a reference batch, so an update resting on 3 samples moves the weights
+            less than one resting on 16. Null: no scaling.
     """
 
     clip_low: float = 0.2
@@ -94,6 +101,8 @@ class PPOSettings:
     recompute_old_logprobs: bool | None = None
     correction: CorrectionFn | None = truncated_is
     correction_cap: float = 2.0
+    target_kl: float | None = None
+    lr_reference_samples: int | None = None
 
     def __post_init__(self) -> None:
         _check(0 <= self.clip_low < 1, "ppo.clip_low", "in [0, 1)", self.clip_low)
@@ -109,6 +118,10 @@ class PPOSettings:
                "agentrl.algorithms.turn_mean, agentrl.algorithms.token_mean or null", self.aggregate)
         _check(math.isfinite(self.correction_cap) and self.correction_cap >= 1, "ppo.correction_cap",
                "a finite number >= 1", self.correction_cap)
+        _check(self.target_kl is None or (math.isfinite(self.target_kl) and self.target_kl > 0), "ppo.target_kl",
+               "a finite number > 0 or null", self.target_kl)
+        _check(self.lr_reference_samples is None or self.lr_reference_samples >= 1, "ppo.lr_reference_samples",
+               ">= 1 or null", self.lr_reference_samples)
 
     def with_default_aggregate(self, aggregate: Aggregator) -> PPOSettings:
         """These settings with ``aggregate`` filled in when it was left null (an explicit value wins)."""

@@ -16,11 +16,12 @@ the π_old scorer — and knows nothing of Lightning modules, engines or schedul
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -32,7 +33,7 @@ from agentrl.seeding import derive_seed
 from agentrl.training import distributed, sharding
 from agentrl.training.batching import Row, TurnKey, TurnTargets, token_counts
 from agentrl.training.mismatch import Scorer, with_old_logprobs
-from agentrl.training.objective import aggregation_divisor, has_signal, minibatch_units, ppo_objective, value_units
+from agentrl.training.objective import MinibatchCounts, informative_samples, ppo_objective
 from agentrl.training.rowplan import RowPlan
 from agentrl.training.settings import CriticSettings, OptimSettings, PPOSettings
 from agentrl.types import Trajectory
@@ -83,59 +84,83 @@ class PPOUpdate:
     def run(self, trajectories: Sequence[Trajectory], targets: dict[TurnKey, TurnTargets], ppo: PPOSettings, *,
             plan: RowPlan, optimizers: list[Any], backward: Callable[[Tensor], None], score_old: Scorer | None,
             temperature: float, step: int, tag: str = "") -> dict[str, float]:
-        """One update; returns the ``train/*`` metrics averaged over its optimizer steps (``train/skipped_updates``
-        summed) and the behaviour-correction metrics. Every rank must call it, with or without turns."""
+        """One update; returns the ``train/*`` metrics averaged over the minibatches whose losses were computed
+        (counts, summed: ``train/minibatches``, ``train/optimizer_steps`` of the policy, ``train/skipped_updates``,
+        ``train/early_stopped``), ``train/informative_samples``, ``train/lr_scale`` and the behaviour-correction
+        metrics. Every rank must call it, with or without turns."""
         rows = plan.rows(trajectories, targets)
         most_rows = distributed.sync_max(len(rows), plan.device)
         if most_rows == 0:
-            return {"train/skipped_updates": 1.0}
+            return {"train/skipped_updates": 1.0, "train/optimizer_steps": 0.0}
         rows, behaviour_stats = with_old_logprobs(trajectories, rows, ppo, score_old)
         packed, unpacked = token_counts(rows)
         self._costs["packed_tokens"] += packed
         self._costs["unpacked_tokens"] += unpacked
+        informative = float(distributed.sum_tensor(torch.tensor([float(informative_samples(rows))],
+                                                                dtype=torch.float64), plan.device)[0])
+        lr_scale = lr_scale_for(informative, ppo.lr_reference_samples)
         gen = torch.Generator().manual_seed(derive_seed(self.seed, step, "minibatches", tag))
         size = ppo.minibatch_size or max(len(rows), 1)
         n_minibatches = 1 if ppo.minibatch_size is None else -(-most_rows // size)
         totals: dict[str, float] = defaultdict(float)
         start = time.perf_counter()
-        for _ in range(ppo.epochs):
-            order = torch.randperm(len(rows), generator=gen).tolist()
-            for m in range(n_minibatches):
-                minibatch = [rows[i] for i in order[m * size : (m + 1) * size]]
-                stats = self._minibatch(minibatch, ppo, plan, optimizers, backward, temperature)
-                for k, v in stats.items():
-                    totals[k] += v
+        with scaled_lr(optimizers[0], lr_scale):
+            for _ in range(ppo.epochs):
+                order = torch.randperm(len(rows), generator=gen).tolist()
+                for m in range(n_minibatches):
+                    minibatch = [rows[i] for i in order[m * size : (m + 1) * size]]
+                    stats = self._minibatch(minibatch, ppo, plan, optimizers, backward, temperature)
+                    for k, v in stats.items():
+                        totals[k] += v
+                    if stats.get("train/early_stopped"):
+                        break
+                if totals.get("train/early_stopped"):
+                    break
         self._costs["train_seconds"] += time.perf_counter() - start
-        steps = ppo.epochs * n_minibatches
-        out = {k: v / steps for k, v in totals.items()}
+        counts = ("train/optimizer_steps", "train/skipped_updates", "train/early_stopped", "train/minibatches")
+        measured = max(totals.get("train/minibatches", 0.0), 1.0)  # the minibatches whose losses were computed
+        out = {k: (v if k in counts else v / measured) for k, v in totals.items()}
+        out["train/optimizer_steps"] = totals.get("train/optimizer_steps", 0.0)
         out["train/skipped_updates"] = totals.get("train/skipped_updates", 0.0)
+        out["train/informative_samples"] = informative
+        out["train/lr_scale"] = lr_scale
         return out | behaviour_stats
 
     def _minibatch(self, rows: list[Row], ppo: PPOSettings, plan: RowPlan, opts: list[Any],
                    backward: Callable[[Tensor], None], temperature: float) -> dict[str, float]:
-        local = torch.tensor([minibatch_units(rows, ppo), value_units(rows), float(has_signal(rows, ppo))],
-                             dtype=torch.float64)
-        units, v_units, signal = distributed.sum_tensor(local, plan.device).tolist()
-        if signal == 0:  # no rank has a gradient signal: an AdamW step would still move the weights
+        counts = MinibatchCounts.of(distributed.sum_tensor(MinibatchCounts.local(rows, ppo).as_tensor(),
+                                                           plan.device))
+        policy_signal = counts.policy_signal(ppo)
+        if not policy_signal and counts.value_units == 0:  # an optimizer step would be momentum and decay only
             return {"train/skipped_updates": 1.0}
         for opt in opts:
             opt.zero_grad(set_to_none=True)
         stats: dict[str, float] = defaultdict(float)
         for micro in plan.micro_batches(rows):
             batch = plan.batch(micro)
-            share = aggregation_divisor(micro, ppo) / max(units, 1e-12)
             loss, micro_stats = ppo_objective(self.policy, self.critic, batch, ppo, temperature=temperature,
-                                              vf_coef=self.critic_settings.vf_coef, share=share,
-                                              value_units=v_units, lockstep=plan.lockstep)
+                                              vf_coef=self.critic_settings.vf_coef, shares=counts.shares(micro, ppo),
+                                              lockstep=plan.lockstep)
             backward(loss)
             for k, v in micro_stats.items():
-                stats[k] += v * share
+                stats[k] += v
             self._costs["train_tokens"] += float(batch.attention_mask.sum())
             self._costs["scored_tokens"] += float(batch.response_mask.sum())
-        return self._step_optimizers(opts, stats, plan)
+        stats["train/minibatches"] = 1.0
+        if ppo.target_kl is not None:  # the KL of the weights this step would start from, over every rank
+            kl = float(distributed.sum_tensor(torch.tensor([stats.get("train/approx_kl", 0.0)],
+                                                           dtype=torch.float64), plan.device)[0])
+            if kl > ppo.target_kl:
+                for opt in opts:
+                    opt.zero_grad(set_to_none=True)
+                return {"train/early_stopped": 1.0}
+        return self._step_optimizers(opts, stats, plan, policy_signal, counts.value_units > 0)
 
-    def _step_optimizers(self, opts: list[Any], stats: dict[str, float], plan: RowPlan) -> dict[str, float]:
-        """Sum gradients over the ranks, clip them, guard against non-finite updates, step the optimizers."""
+    def _step_optimizers(self, opts: list[Any], stats: dict[str, float], plan: RowPlan, policy_signal: bool,
+                         value_signal: bool) -> dict[str, float]:
+        """Sum gradients over the ranks, clip them, guard against non-finite updates, and step each optimizer
+        that has a gradient behind it: the policy's with a non-cancelled advantage (and a non-zero gradient), the
+        critic's with value targets."""
         o = self.optim
         params = self.policy.trainable_parameters()
         critic_params = self.critic.trainable_parameters() if self.critic is not None else []
@@ -163,9 +188,36 @@ class PPOUpdate:
                     f"{o.max_bad_updates}); lower optim.lr or check the rewards")
             return {k: (0.0 if not math.isfinite(v) else v) for k, v in stats.items()}
         self.bad_updates = 0
-        for opt in opts:
-            opt.step()
+        step_policy = policy_signal and norm > 0.0  # an exactly zero gradient (all ranks: it is summed) too
+        if step_policy:
+            opts[0].step()
+        if value_signal and len(opts) > 1:
+            opts[1].step()
+        stats["train/optimizer_steps"] = 1.0 if step_policy else 0.0
+        stats["train/skipped_updates"] = 0.0 if step_policy else 1.0
         return dict(stats)
+
+
+def lr_scale_for(informative: float, reference: int | None) -> float:
+    """The policy's learning-rate factor for an update resting on ``informative`` samples: ``min(1, n / ref)``
+    (the linear scaling rule below a reference batch; 1 without a reference)."""
+    if reference is None:
+        return 1.0
+    return min(1.0, informative / reference)
+
+
+@contextlib.contextmanager
+def scaled_lr(optimizer: Any, scale: float) -> Iterator[None]:
+    """``optimizer``'s learning rates multiplied by ``scale`` for the block, restored after."""
+    groups = optimizer.param_groups  # a LightningOptimizer shares its optimizer's groups
+    saved = [g["lr"] for g in groups]
+    for g in groups:
+        g["lr"] = g["lr"] * scale
+    try:
+        yield
+    finally:
+        for g, lr in zip(groups, saved, strict=True):
+            g["lr"] = lr
 
 
 def clip_gradients(params: Sequence[torch.nn.Parameter], max_norm: float) -> float:

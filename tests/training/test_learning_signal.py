@@ -1,0 +1,203 @@
+"""The learning signal is what it says (issue 26): no optimizer step without a gradient behind it, metrics at their
+stated scale and never stale, π_old from the weights that sampled, a critic that starts neutral and warms up, a
+KL early stop that acts, and a learning rate scaled by the evidence of the update. Expected values are worked out
+by hand or by the policy itself on the same ids, on real tiny Lightning runs."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from agentrl.models.critic import TurnCritic
+from agentrl.training.batching import TurnTargets, collate, pack_rows
+from agentrl.training.rtpo import RTPO, _roll_up_depths
+from agentrl.training.schedules import GRPO, TurnPPO
+from agentrl.training.settings import OptimSettings, PPOSettings
+from agentrl.types import Trajectory
+from tests.training.exactness_run import _trajectory, fixed_schedule
+from tests.training.helpers import fit, letter_data, make_module
+from tests.training.test_evaluation import Recorder
+
+
+def _behaviour_from_policy(module: Any, trajs: list[Trajectory]) -> None:
+    """Behaviour log-probs = the initial policy's (ratios start at 1: the gradient is the policy gradient)."""
+    for t in trajs:
+        lp = module.logprobs([t], [(0, turn.index) for turn in t.turns])
+        for turn in t.turns:
+            turn.logprobs = lp[(0, turn.index)]
+
+
+class StepLog(pl.Callback):
+    """The policy optimizer's learning rate at every optimizer step that runs."""
+
+    def __init__(self) -> None:
+        self.lrs: list[float] = []
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: Any, optimizer: Any) -> None:
+        if optimizer is trainer.optimizers[0]:
+            self.lrs.append(float(optimizer.param_groups[0]["lr"]))
+
+
+def test_identical_replies_whose_advantages_cancel_take_no_optimizer_step() -> None:
+    """Two samples with the same context and the same reply but returns 0 and 1 (RTPO siblings that sampled the
+    same turn-k reply, here a GRPO group): advantages ±a, a gradient that cancels exactly; the old rule stepped
+    AdamW on it (momentum and a float-noise gradient normalised to full size)."""
+    same = _trajectory(("twin",), 1, 0)
+    twin = copy.deepcopy(same)
+    same.turns[-1].reward, twin.turns[-1].reward = 0.0, 1.0
+    trajs = [same, twin]
+    module = make_module(fixed_schedule(GRPO, [trajs], group_size=2, ppo=PPOSettings(epochs=2)),
+                         optim=OptimSettings(lr=1e-3))
+    _behaviour_from_policy(module, trajs)
+    before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
+    trainer = fit(module, letter_data(batch_size=2, steps=1))
+    assert all(torch.equal(before[n], p) for n, p in module.policy.named_parameters())
+    opt = trainer.optimizers[0]
+    assert all("step" not in opt.state[p] for g in opt.param_groups for p in g["params"])
+    m = module.last_metrics
+    assert m["train/zero_advantage_frac"] == 0.0  # each advantage alone is non-zero: ±1
+    assert m["train/skipped_updates"] == 2.0 and m["train/optimizer_steps"] == 0.0
+    assert m["train/informative_samples"] == 0.0
+
+
+def test_rtpo_rolls_up_the_trained_depths_only() -> None:
+    """Depth 2 trained (entropy 0.46, grad norm 1.2), depth 1 skipped for lack of signal, depth 0 trained (entropy
+    0.30, grad norm 0.8): the step's entropy is (0.46 + 0.30) / 2 = 0.38, not / 3."""
+    per_depth = [
+        {"train/entropy": 0.46, "train/grad_norm": 1.2, "train/optimizer_steps": 1.0, "train/skipped_updates": 0.0},
+        {"train/skipped_updates": 1.0, "train/optimizer_steps": 0.0},
+        {"train/entropy": 0.30, "train/grad_norm": 0.8, "train/optimizer_steps": 2.0, "train/skipped_updates": 0.0},
+    ]
+    out = _roll_up_depths(per_depth)
+    assert out["train/entropy"] == 0.38
+    assert out["train/grad_norm"] == 1.0
+    assert out["rtpo/trained_depths"] == 2.0
+    assert out["train/optimizer_steps"] == 3.0 and out["train/skipped_updates"] == 1.0
+
+
+class ProbeOnce(GRPO):
+    """GRPO that reports one extra metric at its first step only."""
+
+    def step(self, learner: Any, tasks: list[Any]) -> dict[str, float]:
+        out = super().step(learner, tasks)
+        if learner.rl_step == 0:
+            out["train/probe"] = 7.0
+        return out
+
+
+def test_a_metric_a_step_did_not_measure_is_not_logged_again() -> None:
+    """Lightning's ``log_dict`` re-logs every key of the epoch at every later step: the probe of step 1 came back
+    at steps 2 and 3 as if measured there."""
+    module = make_module(ProbeOnce(group_size=2))
+    logger = Recorder()
+    fit(module, letter_data(batch_size=2, steps=3), logger=logger, log_every_n_steps=1)
+    rows = [m for _, m in logger.rows if "rollout/reward" in m]
+    assert len(rows) == 3
+    assert rows[0]["train/probe"] == 7.0
+    assert ["train/probe" in m for m in rows[1:]] == [False, False]
+
+
+def test_grpo_statistics_are_means_over_turns_not_times_the_turns_per_trajectory() -> None:
+    """Two-turn trajectories (trajectory weighting: each turn 1/2 unit). The logged entropy is the mean over the
+    four turns of each turn's token-mean entropy, computed here by the policy on the same ids; the old reduction
+    gave twice that (share = turns / trajectories)."""
+    trajs = [_trajectory(("ent", g, j), 2, g) for g in range(2) for j in range(2)]
+    for i, t in enumerate(trajs):
+        t.turns[-1].reward = float(i % 2)
+    module = make_module(fixed_schedule(GRPO, [trajs], group_size=2, ppo=PPOSettings(epochs=1)))
+    _behaviour_from_policy(module, trajs)
+    expected = []
+    with torch.no_grad():
+        for t in trajs:
+            for turn in t.turns:
+                rows = pack_rows([t], {(0, turn.index): TurnTargets(0.0)}, pack=False)
+                b = collate(rows, module.pad_id)
+                lp = module.policy.logprobs_from_hidden(module.policy.hidden_states(b.input_ids, b.attention_mask),
+                                                        b.input_ids, b.response_mask, with_entropy=True)
+                assert lp.entropy is not None
+                expected.append(float(lp.entropy[b.response_mask].mean()))
+    fit(module, letter_data(batch_size=2, steps=1))
+    logged = module.last_metrics["train/entropy"]
+    assert abs(logged - sum(expected) / len(expected)) < 1e-4 * abs(logged)
+    assert 0.0 <= module.last_metrics["train/clipfrac"] <= 1.0
+
+
+def test_the_off_policy_ablation_takes_pi_old_from_the_weights_that_sampled() -> None:
+    """Off-policy continuation samples every depth up front with θ_0. With π_old recomputed, depth 0's first
+    ratio must be π_θ / π_θ0 after depths 2 and 1 moved the weights (approx_kl > 0), not π_θ / π_θ (recomputed
+    with the current weights: approx_kl ≈ 1e-12)."""
+    ppo = PPOSettings(epochs=1, recompute_old_logprobs=True)
+    module = make_module(RTPO(group_size=3, off_policy_continuation=True, ppo=ppo), optim=OptimSettings(lr=1e-3))
+    fit(module, letter_data(batch_size=2, steps=1))
+    m = module.last_metrics
+    assert m["rtpo/trained_depths"] == 3.0  # every depth moved the weights
+    assert m["rtpo/depth2/approx_kl"] < 1e-9  # the deepest depth trains first, at θ_0 itself
+    assert m["rtpo/depth0/approx_kl"] > 1e-6
+
+
+def test_the_critic_starts_neutral_and_warms_up_before_the_first_policy_update() -> None:
+    module = make_module(TurnPPO(value_warmup_epochs=3, ppo=PPOSettings(epochs=1)), optim=OptimSettings(lr=1e-3))
+    critic = module.critic
+    assert isinstance(critic, TurnCritic)
+    ids = torch.randint(3, 300, (2, 12))
+    assert torch.equal(critic(ids, torch.ones_like(ids)), torch.zeros(2, 12))  # V = 0 everywhere at the start
+    calls: list[tuple[str, bool, bool]] = []
+    original = module.update
+    policy0 = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
+    head0 = critic.head.weight.detach().clone()
+
+    def update(*args: Any, **kwargs: Any) -> dict[str, float]:
+        out = original(*args, **kwargs)
+        moved = any(not torch.equal(policy0[n], p) for n, p in module.policy.named_parameters())
+        calls.append((kwargs.get("tag", ""), moved, not torch.equal(head0, critic.head.weight)))
+        return out
+
+    module.update = update  # type: ignore[method-assign]
+    fit(module, letter_data(batch_size=2, steps=2))
+    # step 1: the warm-up moves the critic only, then the policy update; step 2: no second warm-up
+    assert calls == [("value-warmup", False, True), ("", True, True), ("", True, True)]
+    assert module.last_metrics.get("train/value_warmup_loss") is None  # only the first step warms up
+
+
+def test_target_kl_stops_the_update_at_the_first_minibatch_over_it() -> None:
+    """Four epochs at a high learning rate: the first step starts at ratio 1 (KL 0) and is taken; the second
+    epoch's KL exceeds a tiny target, so it stops there. The control without a target takes all four."""
+    steps = {}
+    for target in (None, 1e-9):
+        ppo = PPOSettings(epochs=4, target_kl=target)
+        module = make_module(GRPO(group_size=2, ppo=ppo), optim=OptimSettings(lr=1e-3))
+        log = StepLog()
+        fit(module, letter_data(batch_size=4, steps=1), callbacks=[log])
+        steps[target] = (len(log.lrs), module.last_metrics["train/optimizer_steps"],
+                         module.last_metrics.get("train/early_stopped", 0.0))
+    assert steps[None] == (4, 4.0, 0.0)
+    assert steps[1e-9] == (1, 1.0, 1.0)
+
+
+def test_the_learning_rate_scales_with_the_informative_samples_of_an_update() -> None:
+    """Three informative turns (two tied groups, one untied: its trajectories have 1 and 2 turns) against a
+    reference of 12: the policy steps at lr · 3/12; without a reference at lr."""
+    trajs = []
+    for g in range(2):
+        for j in range(2):
+            t = _trajectory(("lr", g, j), 1 + j, g)
+            for turn in t.turns:
+                turn.reward = 0.0
+            t.turns[-1].reward = float(j) if g == 1 else 0.5
+            trajs.append(t)
+    seen = {}
+    for reference in (None, 12):
+        batch = copy.deepcopy(trajs)
+        module = make_module(fixed_schedule(GRPO, [batch], group_size=2,
+                                            ppo=PPOSettings(epochs=1, lr_reference_samples=reference)),
+                             optim=OptimSettings(lr=1e-3))
+        _behaviour_from_policy(module, batch)
+        log = StepLog()
+        fit(module, letter_data(batch_size=2, steps=1), callbacks=[log])
+        seen[reference] = (log.lrs, module.last_metrics["train/informative_samples"])
+        assert module.trainer.optimizers[0].param_groups[0]["lr"] == 1e-3  # restored after the update
+    assert seen[None] == ([1e-3], 3.0)
+    assert seen[12][1] == 3.0 and abs(seen[12][0][0] - 1e-3 * 3 / 12) < 1e-12
