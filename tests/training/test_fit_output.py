@@ -105,7 +105,7 @@ def test_fit_help_shows_the_common_keys_first(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     common = proc.stdout.index("Common keys of `agentrl fit`")
     for key in ("--model.policy.init_args.model", "--data.steps", "--data.batch_size", "--model.optim.lr",
-                "--model.algorithm.class_path", "--model.engine.init_args.base_urls"):
+                "--model.algorithm", "--model.engine.init_args.base_urls"):
         assert common < proc.stdout.index(key) < proc.stdout.index("--trainer.accelerator"), key
     assert list(tmp_path.iterdir()) == []  # the help starts nothing: no MLflow store, no checkpoints
 
