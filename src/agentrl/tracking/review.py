@@ -28,6 +28,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,18 @@ def log_config(logger: MLFlowLogger, text: str, params: dict[str, Any]) -> None:
 
     safe_call(logger, "logging the config", write)
     logger.log_hyperparams(params)
+
+
+def log_error(client: Any, run_id: str, exception: BaseException) -> None:
+    """The error that ended a run: its first line as the ``agentrl.error`` tag, the
+    whole traceback (with the failed episodes' own, `agentrl.collect.collector.CollectionError`) as ``error.txt``."""
+    text = "".join(traceback.format_exception(exception))
+    first = f"{type(exception).__name__}: {str(exception).splitlines()[0] if str(exception) else ''}"
+    client.set_tag(run_id, "agentrl.error", first[:4900])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "error.txt"
+        path.write_text(text)
+        client.log_artifact(run_id, str(path))
 
 
 def _git_commit() -> str | None:
@@ -204,6 +217,8 @@ class TrajectoryLogger(pl.Callback):
         logger = self._mlflow(trainer)
         if isinstance(logger, MLflowLogger) and isinstance(exception, KeyboardInterrupt | SIGTERMException):
             logger.end_status = "KILLED"  # stopped by a signal (after a checkpoint): resumable, not a failure
+        elif logger is not None and trainer.is_global_zero:  # a failed run's entry says why it failed
+            safe_call(logger, "logging the error", lambda c, r: log_error(c, r, exception))
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         logger = self._mlflow(trainer)

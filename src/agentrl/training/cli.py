@@ -146,6 +146,21 @@ def _default_run_name(config: Namespace) -> None:
         logger["init_args.run_name"] = f"{algorithm}-{task}{seed_part}"
 
 
+def add_import_paths(argv: Sequence[str]) -> None:
+    """Let a config name modules in the working directory or beside the config file (``build: my_agent.build``
+    with ``my_agent.py`` next to ``my_config.yaml``), as ``python -m`` would; the console script alone puts only
+    its own folder on ``sys.path``. They are appended: an installed module of the same name still comes first."""
+    folders = [Path.cwd()]
+    for i, arg in enumerate(argv):
+        path = arg.removeprefix("--config=") if arg.startswith("--config=") else \
+            argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None
+        if path is not None:
+            folders.append(Path(path).resolve().parent)
+    for folder in folders:
+        if str(folder) not in sys.path:
+            sys.path.append(str(folder))
+
+
 def run_fit(argv: Sequence[str], *, parser_class: type[AgentRLArgumentParser] = AgentRLArgumentParser) -> AgentRLCLI:
     """``agentrl fit`` with these (already split) arguments, in this process; returns the finished CLI object.
 
@@ -161,6 +176,7 @@ def run_fit(argv: Sequence[str], *, parser_class: type[AgentRLArgumentParser] = 
     # replaced by agentrl's own line, which names the checkpoint folder (`_warn_missing_resume`)
     warnings.filterwarnings("ignore", message=r'.*ckpt_path="last"\) is set, but there is no last checkpoint')
     quiet_libraries()
+    add_import_paths(argv)
     return AgentRLCLI(
         AgentRLModule,
         RolloutDataModule,

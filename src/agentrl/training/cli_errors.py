@@ -32,6 +32,7 @@ _CLASS_PATH = re.compile(r"^\s*(?:- )?Problem with given class_path '([^']+)':")
 _NOT_ACCEPTED = re.compile(r"^\s*(?:- )?(?:Option|Key) '([^']+)' is not (?:accepted|expected)")
 _EXPECTED = re.compile(r"^\s*(?:- )?Expected a <class '([^']+)'>\. Got value: (.*)$")
 _REQUIRED = re.compile(r"^the following arguments are required: (.+)$")
+_NOT_CALLABLE = re.compile(r"expects a function or a callable class: (.*)\. Got value: (.*)$")
 _NOT_AN_OPTION = re.compile(r"does not accept option '([^']+)'")
 _NOT_A_CLASS = re.compile(r"Expected a (?:path but|dot import path string:) (\S+)")
 
@@ -103,6 +104,8 @@ def _nested(message: str) -> str | None:
             return f"unknown key {where}.{name}{_did_you_mean(name, choices, where + '.') or cls}"
         elif (m := _EXPECTED.match(line)) and m.group(1) != "NoneType":
             return f"{key}: expected {m.group(1)}, got {m.group(2).strip()!r}"
+        elif m := _NOT_CALLABLE.search(line):
+            return f"{key}: cannot import {m.group(2).strip()} ({m.group(1)})"
         elif m := _NOT_A_CLASS.search(line):
             return f"{key}: {m.group(1)} is not a class that can be chosen here (a class name such as RTPO, " \
                    f"or a full import path)"
