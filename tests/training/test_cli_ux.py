@@ -31,7 +31,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 def test_a_parser_error_is_one_short_line_naming_the_key(tmp_path: Path, args: list[str], message: str,
                                                          capsys: pytest.CaptureFixture[str],
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    code, out, err = fit_in_process(tmp_path, ["--config", SMOKE, *args], capsys, monkeypatch)
+    code, _, err = fit_in_process(tmp_path, ["--config", SMOKE, *args], capsys, monkeypatch)
     assert code == 2
     lines = err.strip().splitlines()
     assert lines[0].startswith("agentrl fit: config error: ") and message in lines[0], err
