@@ -49,7 +49,8 @@ SAMPLING: dict[str, Field] = {
     "skip_special_tokens": (st.booleans(), st.just(None)),
     "return_token_ids": (st.booleans(), st.just(None)),
     "return_tokens_as_token_ids": (st.booleans(), st.just(None)),
-    "stream": (st.sampled_from([False, None]), st.just(True)),
+    "stream": (st.sampled_from([False, None, True]), st.sampled_from(["yes", [True]])),
+    "stream_options": (st.sampled_from([None, {"include_usage": True}]), st.sampled_from(["all", [1]])),
     "presence_penalty": (st.sampled_from([0.0, 0, None]), st.sampled_from([0.5, -2.0])),
 }
 COMPLETION: dict[str, Field] = {

@@ -98,7 +98,7 @@ def test_bad_requests_name_the_problem(served: Server) -> None:
         ({"model": "gpt-17", "prompt": PROMPT}, 404, "The model `gpt-17` does not exist."),
         ({"prompt": PROMPT, "max_tokens": 0}, 400, "maximum context length"),
         ({"prompt": PROMPT, "max_tokens": 5000}, 400, "maximum context length is 4096"),
-        ({"prompt": PROMPT, "stream": True}, 400, "stream"),
+        ({"prompt": PROMPT, "stream": "yes"}, 400, "stream must be a boolean"),  # true streams: test_server_stream
         ({"prompt": PROMPT, "temperature": -1}, 400, "temperature"),
         ({"prompt": []}, 400, "prompt"),
         ({"prompt": [999999]}, 400, "out of vocabulary"),

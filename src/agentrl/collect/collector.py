@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 from agentrl.agents.base import Agent, EpisodeTruncated, Task
 from agentrl.agents.llm import LLMClient, Replay
 from agentrl.chat.tools import HermesToolParser, ToolParser
+from agentrl.collect.failures import format_innermost, where_raised
 from agentrl.engines.base import RolloutEngine, SamplingParams
 from agentrl.seeding import derive_seed
 from agentrl.types import Trajectory
@@ -157,8 +157,8 @@ class Collector:
                           "background)")
         except Exception as exc:  # any agent/tool/env error fails only this episode
             traj.failed = True
-            traj.error = f"{type(exc).__name__}: {exc}"
-            traj.info["traceback"] = traceback.format_exc(limit=8)
+            traj.error = f"{type(exc).__name__}: {exc}{where_raised(exc)}"
+            traj.info["traceback"] = format_innermost(exc)  # the frames where it was raised, not the outermost
         traj.turns = llm.turns
         traj.snapshots = llm.snapshots
         traj.info.setdefault("success", False)
@@ -185,9 +185,11 @@ class Collector:
         failed = [t for t in trajs if t.failed]
         if trajs and len(failed) / len(trajs) > self.max_failed_fraction:
             examples = "; ".join(sorted({t.error or "?" for t in failed})[:3])
+            first = next((t for t in failed if t.info.get("traceback")), None)
+            where = f"\ntraceback of episode {first.task_id}:\n{first.info['traceback']}" if first else ""
             raise CollectionError(
                 f"{len(failed)} of {len(trajs)} episodes failed (more than max_failed_fraction="
-                f"{self.max_failed_fraction}); first errors: {examples}",
+                f"{self.max_failed_fraction}); first errors: {examples}{where}",
                 trajs,
             )
         for t in failed:

@@ -10,7 +10,7 @@ Field names, types and nesting follow vLLM's own pydantic models, read from the 
 independent copy of those models that the conformance tests validate against.
 
 Requests declare only the fields ``agentrl serve`` implements. Like vLLM, other fields are accepted and ignored,
-except those that would change the result and are not implemented (penalties, beam search, streaming, ...):
+except those that would change the result and are not implemented (penalties, beam search, echo, ...):
 `unsupported_fields` names them and the server answers 400 instead of silently returning something else.
 
 Validation that every OpenAI-compatible front end of agentrl shares (``agentrl serve``, the training gateway) lives

@@ -9,6 +9,7 @@ request and response shapes (`agentrl.serve.openai_protocol`):
 * ``POST /v1/completions`` — a text or token-id prompt (or a list of them), ``logprobs``, ``return_token_ids``,
   ``n``, ``seed``, ``stop``, ``stop_token_ids``, ``max_tokens``, ``temperature``, ``top_p``, ``top_k``;
 * ``POST /v1/chat/completions`` — messages and tools (Hermes tool calls; see `agentrl.serve.serving`);
+* both with ``stream: true`` (`agentrl.serve.server_stream`: the finished answer as vLLM's chunks);
 * ``POST /v1/load_lora_adapter`` / ``POST /v1/unload_lora_adapter`` — hot-load a peft adapter folder into the
   served model (``--lora-rank``); one adapter is resident at a time, loaded only from inside
   ``--lora-modules-root`` (see `agentrl.serve.served_model`).
@@ -57,6 +58,7 @@ from agentrl.serve.openai_protocol import (
     unsupported_fields,
 )
 from agentrl.serve.served_model import DEFAULT_LORA_ROOT, ServedModel, ServeError
+from agentrl.serve.server_stream import stream_response, take_stream
 from agentrl.serve.serving import (
     Generation,
     chat_logprobs,
@@ -202,12 +204,16 @@ def _add_routes(app: FastAPI, served: ServedModel) -> None:
         return JSONResponse(_models(served).model_dump())
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request) -> JSONResponse:
-        return JSONResponse((await until_disconnected(request, _completions(served, req))).model_dump())
+    async def completions(req: CompletionRequest, request: Request) -> Response:
+        stream = take_stream(req)  # `stream: true`: the same answer as events (agentrl.serve.server_stream)
+        resp = await until_disconnected(request, _completions(served, req))
+        return stream_response(served.tokenizer, resp, stream) if stream else JSONResponse(resp.model_dump())
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatCompletionRequest, request: Request) -> JSONResponse:
-        return JSONResponse((await until_disconnected(request, _chat(served, req, parser))).model_dump())
+    async def chat(req: ChatCompletionRequest, request: Request) -> Response:
+        stream = take_stream(req)
+        resp = await until_disconnected(request, _chat(served, req, parser))
+        return stream_response(served.tokenizer, resp, stream) if stream else JSONResponse(resp.model_dump())
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(req: LoadLoRAAdapterRequest) -> Response:

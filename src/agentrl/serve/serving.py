@@ -224,14 +224,21 @@ def _text_of(content: Any) -> str:
     raise ServeError("message content must be a string, a list of text parts, or null", param="messages")
 
 
+class RawArguments(str):
+    """Tool-call arguments sent back as a string that is not JSON (a model's own malformed call, as this server
+    returned it): accepted, as vLLM accepts them, because failing it would fail every later turn of the
+    conversation. The Hermes form renders the text verbatim, as the model wrote it; a template that renders tools
+    itself gets ``{}`` (it needs an object; vLLM does the same)."""
+
+
 def _call_args(call: dict[str, Any]) -> tuple[str, Any]:
     fn = call.get("function") or {}
     args = fn.get("arguments", {})
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise ServeError(f"tool call arguments are not JSON: {exc.msg}", param="messages") from exc
+        except json.JSONDecodeError:
+            return str(fn.get("name", "")), RawArguments(args)
         except RecursionError:  # the C parser gives up past Python's recursion limit
             raise ServeError(_TOO_DEEP, param="messages") from None
         if json_depth(args) > MAX_JSON_DEPTH:
@@ -250,11 +257,12 @@ def _message(m: dict[str, Any], native: bool) -> dict[str, Any]:
     if native:
         out: dict[str, Any] = {**m, "content": text}
         if calls:
-            out["tool_calls"] = [{**c, "function": {"name": n, "arguments": a}}
+            out["tool_calls"] = [{**c, "function": {"name": n, "arguments": {} if isinstance(a, RawArguments) else a}}
                                  for c, (n, a) in zip(calls, map(_call_args, calls), strict=True)]
         return out
     for name, args in map(_call_args, calls):
-        block = HermesToolParser.render_call(name, args)
+        block = (HermesToolParser.render_call(name, args) if not isinstance(args, RawArguments) else
+                 '<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments": ' + args + "}\n</tool_call>")
         text = f"{text}\n{block}" if text else block
     if role == "tool":
         text = HermesToolParser.render_response(text)

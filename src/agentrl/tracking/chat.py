@@ -11,11 +11,20 @@ MLflow's GenAI views (the Traces tab's chat view, token counts, assessment filte
 
 A recorded `Turn` keeps only the messages new since the previous reply (``Turn.messages``), so the full input of
 turn k is rebuilt here: the new messages of turns 0..k with each earlier turn's reply in between.
+
+Trace and span ids: OpenTelemetry (under MLflow's tracing) draws them from Python's global `random`, which
+``seed_everything`` seeds; every seed-0 run, and every resume of one, would draw the same ids and overwrite the
+traces of another run in the same store. `log_episode` draws them from a freshly seeded state (`fresh_ids`) and
+gives the seeded state back afterwards, so ids are unique and tracing neither reads nor advances the training's
+random stream.
 """
 
 from __future__ import annotations
 
 import json
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from agentrl.chat.tools import tool_call_id
@@ -73,6 +82,17 @@ def _tool_results(next_turn: Turn | None) -> list[Any]:
     return [m.get("content") for m in (next_turn.messages or []) if m.get("role") == "tool"] if next_turn else []
 
 
+@contextmanager
+def fresh_ids() -> Iterator[None]:
+    """Python's global `random` seeded from the OS inside the block, and its previous state restored after it."""
+    state = random.getstate()
+    random.seed()  # os.urandom: unique trace and span ids whatever seed the run has
+    try:
+        yield
+    finally:
+        random.setstate(state)
+
+
 def log_episode(client: Any, traj: Trajectory, *, experiment_id: str, run_id: str, step: int, model: str,
                 reward_source: str) -> str:
     """Record one episode as a trace (root AGENT span, a CHAT_MODEL span per turn, a TOOL span per call) and its
@@ -87,9 +107,23 @@ def log_episode(client: Any, traj: Trajectory, *, experiment_id: str, run_id: st
         model: Model name shown on the chat spans.
         reward_source: Who scored the episode (the reward function's import path), the assessments' source.
     """
+    import mlflow
     from mlflow.entities import AssessmentSource, Feedback
-    from mlflow.tracing import set_span_chat_tools
     from mlflow.tracing.client import TracingClient
+
+    with fresh_ids():
+        trace_id = _log_spans(client, traj, experiment_id=experiment_id, run_id=run_id, step=step, model=model)
+        mlflow.flush_trace_async_logging()  # the trace must be stored before assessments can reference it
+        source = AssessmentSource(source_type="CODE", source_id=reward_source)
+        tracing = TracingClient(client.tracking_uri)
+        tracing.log_assessment(trace_id, Feedback(name="reward", value=float(traj.total_reward), source=source))
+        tracing.log_assessment(trace_id, Feedback(name="success", value=bool(traj.success), source=source))
+    return trace_id
+
+
+def _log_spans(client: Any, traj: Trajectory, *, experiment_id: str, run_id: str, step: int, model: str) -> str:
+    """The episode's spans (root, turns, tool calls); returns the trace id."""
+    from mlflow.tracing import set_span_chat_tools
     from mlflow.tracing.constant import SpanAttributeKey
 
     inputs = turn_inputs(traj)
@@ -127,13 +161,6 @@ def log_episode(client: Any, traj: Trajectory, *, experiment_id: str, run_id: st
                                                  "terminated": traj.terminated, "truncated": traj.truncated,
                                                  "error": traj.error},
                      status="ERROR" if traj.failed else "OK")
-    import mlflow
-
-    mlflow.flush_trace_async_logging()  # the trace must be stored before assessments can reference it
-    source = AssessmentSource(source_type="CODE", source_id=reward_source)
-    tracing = TracingClient(client.tracking_uri)
-    tracing.log_assessment(trace_id, Feedback(name="reward", value=float(traj.total_reward), source=source))
-    tracing.log_assessment(trace_id, Feedback(name="success", value=bool(traj.success), source=source))
     return str(trace_id)
 
 

@@ -10,9 +10,12 @@ an MLflow logger it records:
   traces** in MLflow's chat format (`agentrl.tracking.chat`: a CHAT_MODEL span per turn with the full messages,
   the reply and its tool calls, the tools offered and the token usage; a TOOL span per call; the episode's reward
   and success as feedback assessments) and as rows of the ``trajectories.json`` table;
-* at the end: ``reward_curve.png``, ``rtpo_depths.png`` (RTPO runs: zero-advantage fraction, mean |A| and
-  clipfrac per depth), the final policy as ``final_model/`` (loadable with ``transformers``/``peft``), registered
-  as a version of ``register_model`` when that is set.
+* at the end (`on_fit_end`: after the module's final held-out evaluation, which runs in its ``on_train_end``,
+  after the callbacks'): ``reward_curve.png`` (with that final evaluation), ``rtpo_depths.png`` (RTPO runs:
+  zero-advantage fraction, mean |A| and clipfrac per depth), the final policy as ``final_model/`` (loadable with
+  ``transformers``/``peft``) for runs of at least ``final_model_min_steps`` steps (a short trial would store a
+  full copy of the weights, 538 MB for SmolLM2 in fp32, that its last checkpoint already holds), registered as a
+  version of ``register_model`` when that is set (always logged then).
 
 It also writes the MLflow run id into every checkpoint (``checkpoint["mlflow"]``) so ``--ckpt_path`` continues
 the same run, and tells the logger how the run ended (KILLED when it stopped before ``data.steps``).
@@ -25,6 +28,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +83,18 @@ def log_config(logger: MLFlowLogger, text: str, params: dict[str, Any]) -> None:
     logger.log_hyperparams(params)
 
 
+def log_error(client: Any, run_id: str, exception: BaseException) -> None:
+    """The error that ended a run: its first line as the ``agentrl.error`` tag, the
+    whole traceback (with the failed episodes' own, `agentrl.collect.collector.CollectionError`) as ``error.txt``."""
+    text = "".join(traceback.format_exception(exception))
+    first = f"{type(exception).__name__}: {str(exception).splitlines()[0] if str(exception) else ''}"
+    client.set_tag(run_id, "agentrl.error", first[:4900])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "error.txt"
+        path.write_text(text)
+        client.log_artifact(run_id, str(path))
+
+
 def _git_commit() -> str | None:
     for where in (Path.cwd(), Path(__file__).parent):
         try:
@@ -118,20 +134,27 @@ class TrajectoryLogger(pl.Callback):
         max_trajectories: Episodes logged per sampled step.
         traces: Log MLflow traces (besides the table).
         log_final_model: Log the trained policy as the ``final_model`` artifact at the end.
+        final_model_min_steps: Log it only for runs of at least this many RL steps (``data.steps``): shorter trial
+            runs keep their weights in the last checkpoint only. 0: every run. A ``register_model`` run always logs it.
         register_model: Also register the final model under this name (the Models tab); None: do not register.
     """
 
     def __init__(self, every_n_steps: int = 5, max_trajectories: int = 4, traces: bool = True,
-                 log_final_model: bool = True, register_model: str | None = None) -> None:
+                 log_final_model: bool = True, final_model_min_steps: int = 10,
+                 register_model: str | None = None) -> None:
         if every_n_steps < 0 or max_trajectories < 0:
             raise ValueError("tracking.every_n_steps and tracking.max_trajectories must be >= 0")
+        if final_model_min_steps < 0:
+            raise ValueError(f"tracking.final_model_min_steps must be >= 0, got {final_model_min_steps}")
         if register_model is not None and (not register_model.strip() or not log_final_model):
             raise ValueError("tracking.register_model needs a non-empty name and tracking.log_final_model: true")
         self.every_n_steps = every_n_steps
         self.max_trajectories = max_trajectories
         self.traces = traces
-        self.log_final_model = log_final_model
+        self._log_final_model = log_final_model
+        self.final_model_min_steps = final_model_min_steps
         self.register_model = register_model
+        self._run_steps: int | None = None  # data.steps of the run, known at the start
         self._rows: list[dict[str, Any]] = []
 
     @staticmethod
@@ -141,8 +164,21 @@ class TrajectoryLogger(pl.Callback):
                 return logger
         return None
 
+    @property
+    def log_final_model(self) -> bool:
+        """Whether this run logs ``final_model/`` (`agentrl.training.progress` prints its path when it does)."""
+        if not self._log_final_model:
+            return False
+        short = self._run_steps is not None and self._run_steps < self.final_model_min_steps
+        return self.register_model is not None or not short
+
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        logger, view = self._mlflow(trainer), run_view(pl_module)
+        view = run_view(pl_module)
+        self._run_steps = view.total_steps if view is not None else None
+        if self._log_final_model and not self.log_final_model:
+            log.info("the final model is not logged: %s steps < tracking.final_model_min_steps (%d); the last "
+                     "checkpoint holds the weights", self._run_steps, self.final_model_min_steps)
+        logger = self._mlflow(trainer)
         if logger is not None and view is not None and trainer.is_global_zero:
             tags = run_tags(trainer, view)
             safe_call(logger, "setting run tags", lambda c, r: [c.set_tag(r, k, v) for k, v in tags.items()])
@@ -182,11 +218,18 @@ class TrajectoryLogger(pl.Callback):
         logger = self._mlflow(trainer)
         if isinstance(logger, MLflowLogger) and isinstance(exception, KeyboardInterrupt | SIGTERMException):
             logger.end_status = "KILLED"  # stopped by a signal (after a checkpoint): resumable, not a failure
+        elif logger is not None and trainer.is_global_zero:  # a failed run's entry says why it failed
+            safe_call(logger, "logging the error", lambda c, r: log_error(c, r, exception))
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         logger, view = self._mlflow(trainer), run_view(pl_module)
         if isinstance(logger, MLflowLogger) and view is not None and view.rl_step < view.total_steps:
             logger.end_status = "KILLED"
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # here, not in on_train_end: Lightning calls the callbacks' on_train_end before the module's, which plays
+        # the final held-out evaluation; the figure would miss it (the logger is finalized after this hook)
+        logger, view = self._mlflow(trainer), run_view(pl_module)
         if logger is None or view is None or not trainer.is_global_zero:
             return
         safe_call(logger, "logging the reward curve", figures.reward_curve)

@@ -15,6 +15,7 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
@@ -25,11 +26,13 @@ from lightning.pytorch.loggers import MLFlowLogger
 from agentrl.tracking import DEFAULT_TRACKING_URI, TrajectoryLogger, log_config, reopen_run
 from agentrl.tracking.store import logger_entries
 from agentrl.training.callbacks import GracefulStop, RLCheckpoint
+from agentrl.training.cli_errors import AgentRLArgumentParser
 from agentrl.training.datamodule import RolloutDataModule
 from agentrl.training.keys import COMMON_KEYS, normalize_argv
 from agentrl.training.module import AgentRLModule
 from agentrl.training.preflight import ConfigError, preflight
 from agentrl.training.progress import RunProgress, quiet_libraries, verbose
+from agentrl.training.rtpo import RTPO  # noqa: F401  (imported: `--model.algorithm RTPO` resolves by class name)
 
 
 class MLflowConfig(SaveConfigCallback):
@@ -64,6 +67,10 @@ class AgentRLCLI(LightningCLI):
         parser.add_lightning_class_args(RLCheckpoint, "checkpoint")
         parser.add_lightning_class_args(TrajectoryLogger, "tracking")
         parser.set_defaults({
+            # a config without a model section trains SmolLM2 (docs/adapters.md). The algorithm has no default: a
+            # default class's init_args would carry over to the configured one (jsonargparse keeps the arguments the
+            # two share, e.g. RTPO's group_size into TurnPPO's)
+            "model.policy": {"class_path": "agentrl.models.policy.Policy"},
             "trainer.max_epochs": 1,
             "trainer.log_every_n_steps": 1,
             "trainer.num_sanity_val_steps": 0,
@@ -84,6 +91,7 @@ class AgentRLCLI(LightningCLI):
                                                   if not isinstance(c, RunProgress)]
         preflight(self.parser, self.config, self.subcommand or "fit")
         if self.subcommand in (None, "fit"):
+            _warn_missing_resume(config)
             reopen_run(config)  # --ckpt_path continues the checkpoint's MLflow run
 
     def before_fit(self) -> None:
@@ -91,11 +99,29 @@ class AgentRLCLI(LightningCLI):
         config = self.config_init[self.subcommand]
         if "weights_only" in config and config["weights_only"] is None:
             config["weights_only"] = True
+        _show_episode_logs(getattr(self.datamodule, "agent", None))
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)
         trainer.callbacks.append(GracefulStop())  # type: ignore[attr-defined]
         return trainer
+
+
+def _warn_missing_resume(config: Namespace) -> None:
+    """``--ckpt_path last`` with no checkpoint trains from scratch (Lightning's "set and forget" semantics, so a job
+    script may always pass it); the user expected a resume, so say so in one line, whatever the quiet mode."""
+    if config.get("ckpt_path") != "last":
+        return
+    path = Path(config.get("checkpoint.dirpath") or "checkpoints") / "last.ckpt"
+    if not path.is_file():
+        print(f"agentrl fit: warning: --ckpt_path last: no checkpoint at {path}; this run starts from step 0 "
+              "(a new MLflow run)", file=sys.stderr, flush=True)
+
+
+def _show_episode_logs(agent: Any) -> None:
+    """An agent's ``log_episodes: true`` asks for its INFO lines: they show in quiet mode too."""
+    if getattr(agent, "log_episodes", False) is True:
+        logging.getLogger(type(agent).__module__).setLevel(logging.INFO)
 
 
 def _short(class_path: Any) -> str:
@@ -120,28 +146,55 @@ def _default_run_name(config: Namespace) -> None:
         logger["init_args.run_name"] = f"{algorithm}-{task}{seed_part}"
 
 
-def fit_main(argv: Sequence[str]) -> int:
-    """Entry point of ``agentrl fit``."""
+def add_import_paths(argv: Sequence[str]) -> None:
+    """Let a config name modules in the working directory or beside the config file (``build: my_agent.build``
+    with ``my_agent.py`` next to ``my_config.yaml``), as ``python -m`` would; the console script alone puts only
+    its own folder on ``sys.path``. They are appended: an installed module of the same name still comes first."""
+    folders = [Path.cwd()]
+    for i, arg in enumerate(argv):
+        path = arg.removeprefix("--config=") if arg.startswith("--config=") else \
+            argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None
+        if path is not None:
+            folders.append(Path(path).resolve().parent)
+    for folder in folders:
+        if str(folder) not in sys.path:
+            sys.path.append(str(folder))
+
+
+def run_fit(argv: Sequence[str], *, parser_class: type[AgentRLArgumentParser] = AgentRLArgumentParser) -> AgentRLCLI:
+    """``agentrl fit`` with these (already split) arguments, in this process; returns the finished CLI object.
+
+    Raises:
+        ConfigError: a wrong value found by the checks before any work (`agentrl.training.preflight`).
+    """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # tasks are plain data handed to training_step on purpose (rollouts happen inside it): not a mistake
     warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device`")
     warnings.filterwarnings("ignore", message=".*isinstance.treespec, LeafSpec.*")
     # the arguments are given explicitly because they are normalized (see normalize_argv), not by mistake
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-    args = normalize_argv(argv)
-    if any(a in ("-h", "--help") for a in args):
-        print(COMMON_KEYS)
+    # replaced by agentrl's own line, which names the checkpoint folder (`_warn_missing_resume`)
+    warnings.filterwarnings("ignore", message=r'.*ckpt_path="last"\) is set, but there is no last checkpoint')
     quiet_libraries()
+    add_import_paths(argv)
+    return AgentRLCLI(
+        AgentRLModule,
+        RolloutDataModule,
+        args=["fit", *normalize_argv(argv)],
+        parser_class=parser_class,
+        save_config_callback=MLflowConfig,
+        save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
+        trainer_defaults={"callbacks": [RunProgress()]},
+        auto_configure_optimizers=False,
+    )
+
+
+def fit_main(argv: Sequence[str]) -> int:
+    """Entry point of ``agentrl fit``."""
+    if any(a in ("-h", "--help") for a in argv):
+        print(COMMON_KEYS)
     try:
-        AgentRLCLI(
-            AgentRLModule,
-            RolloutDataModule,
-            args=["fit", *args],
-            save_config_callback=MLflowConfig,
-            save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
-            trainer_defaults={"callbacks": [RunProgress()]},
-            auto_configure_optimizers=False,
-        )
+        run_fit(argv)
     except ConfigError as exc:
         print(f"agentrl fit: config error: {exc}", file=sys.stderr, flush=True)
         return 2

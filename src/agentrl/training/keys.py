@@ -15,8 +15,8 @@ Common keys of `agentrl fit` (`agentrl fit --help` lists them all; every key wor
                                            folder, a .gguf file or a Hugging Face hub id
   --data.steps N                           RL steps of the run
   --data.batch_size N                      episodes per step (whole groups of the algorithm)
-  --model.algorithm.class_path PATH        agentrl.training.rtpo.RTPO, agentrl.training.schedules.GRPO,
-                                           ...schedules.TurnPPO or ...schedules.TokenPPO
+  --model.algorithm NAME                   RTPO (default), TurnPPO, GRPO or TokenPPO (or a full class path);
+                                           --model.algorithm.help RTPO lists its keys
   --model.algorithm.init_args.group_size G episodes per group (GRPO) or G-1 siblings per turn (RTPO)
   --model.optim.lr LR                      policy learning rate
   --model.engine.class_path agentrl.engines.vllm.VLLMEngineSpec --model.engine.init_args.base_urls

@@ -7,7 +7,7 @@
 from agentrl.agents.scoring import Score
 from agentrl_langchain.agent import LangChainAgent, LangChainAgentError, question_input
 from agentrl_langchain.chat_model import AgentRLChatModel
-from agentrl_langchain.messages import RAW_TEXT_KEY, to_ai_message, to_chat
+from agentrl_langchain.messages import RAW_TEXT_KEY, model_replies, to_ai_message, to_chat
 
 __version__ = "0.1.0"
 
@@ -17,6 +17,7 @@ __all__ = [
     "LangChainAgent",
     "LangChainAgentError",
     "Score",
+    "model_replies",
     "question_input",
     "to_ai_message",
     "to_chat",

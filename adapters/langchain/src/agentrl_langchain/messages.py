@@ -133,3 +133,11 @@ def to_ai_message(reply: AssistantReply, *, model_name: str) -> AIMessage:
             "model_provider": "agentrl",
         },
     )
+
+
+def model_replies(result: Any) -> list[AIMessage]:
+    """The replies the policy generated in this episode, in order: the `AIMessage` s of ``result["messages"]`` (or
+    of a message list) that `AgentRLChatModel` made. A worked example in the agent's input is not among them, so a
+    reward that counts tool calls over these counts only the episode's own."""
+    messages = result.get("messages", []) if isinstance(result, dict) else result
+    return [m for m in messages or [] if isinstance(m, AIMessage) and RAW_TEXT_KEY in m.additional_kwargs]
