@@ -54,7 +54,7 @@ class Shares(NamedTuple):
 
 def ppo_objective(
     policy: Policy, critic: TurnCritic | None, batch: TurnBatch, ppo: PPOSettings, *, temperature: float,
-    vf_coef: float, shares: Shares, lockstep: bool = False,
+    vf_coef: float, shares: Shares, lockstep: bool = False, policy_terms: bool = True,
 ) -> tuple[Tensor, dict[str, float]]:
     """Loss of ``batch`` (to backpropagate) and its statistics (``train/*``, as shares: see the module docstring).
 
@@ -62,7 +62,12 @@ def ppo_objective(
         shares: This micro-batch's part of the minibatch (`Shares`).
         lockstep: Run the critic even without value targets here (sharded weights: every rank runs the same
             forwards and backwards, see `agentrl.training.sharding`).
+        policy_terms: False when the policy has no signal in the whole minibatch (a critic-only update such as
+            the value warm-up): with a critic of its own backbone, the policy's forward is skipped altogether.
     """
+    if not policy_terms and critic is not None and critic.backbone is not None and not lockstep:
+        return _value_objective(critic, batch, ppo, vf_coef, shares, critic.hidden_states(batch.input_ids,
+                                                                                           batch.attention_mask))
     hidden = policy.hidden_states(batch.input_ids, batch.attention_mask)
     lp = policy.logprobs_from_hidden(hidden, batch.input_ids, batch.response_mask, temperature=temperature,
                                      with_entropy=True, entropy_grad=ppo.entropy_coef > 0)
@@ -88,14 +93,23 @@ def ppo_objective(
     if critic is not None and (lockstep or bool(batch.value_mask.any())):
         critic_hidden = hidden if critic.backbone is None else critic.hidden_states(batch.input_ids,
                                                                                     batch.attention_mask)
-        values = critic.values_from_hidden(critic_hidden)
-        vl = clipped_value_loss(values, batch.old_values, batch.returns, batch.value_mask, clip=ppo.value_clip)
-        v_share = float(batch.value_mask.sum()) / max(shares.value_units, 1)
-        loss = loss + vf_coef * vl.loss * v_share
-        if v_share > 0:
-            stats["train/value_loss"] = vl.loss.item() * v_share
-            stats["train/value_clipfrac"] = float(vl.clipfrac) * v_share
+        value_loss, value_stats = _value_objective(critic, batch, ppo, vf_coef, shares, critic_hidden)
+        loss = loss + value_loss
+        stats |= value_stats
     return loss, stats
+
+
+def _value_objective(critic: TurnCritic, batch: TurnBatch, ppo: PPOSettings, vf_coef: float, shares: Shares,
+                     hidden: Tensor) -> tuple[Tensor, dict[str, float]]:
+    """The critic's clipped value loss of ``batch`` from its hidden states, scaled by the micro-batch's share of
+    the minibatch's value targets, and its statistics."""
+    values = critic.values_from_hidden(hidden)
+    vl = clipped_value_loss(values, batch.old_values, batch.returns, batch.value_mask, clip=ppo.value_clip)
+    v_share = float(batch.value_mask.sum()) / max(shares.value_units, 1)
+    stats = {}
+    if v_share > 0:
+        stats = {"train/value_loss": vl.loss.item() * v_share, "train/value_clipfrac": float(vl.clipfrac) * v_share}
+    return vf_coef * vl.loss * v_share, stats
 
 
 def minibatch_units(rows: Sequence[Row], ppo: PPOSettings) -> float:

@@ -140,7 +140,7 @@ class PPOUpdate:
             batch = plan.batch(micro)
             loss, micro_stats = ppo_objective(self.policy, self.critic, batch, ppo, temperature=temperature,
                                               vf_coef=self.critic_settings.vf_coef, shares=counts.shares(micro, ppo),
-                                              lockstep=plan.lockstep)
+                                              lockstep=plan.lockstep, policy_terms=policy_signal)
             backward(loss)
             for k, v in micro_stats.items():
                 stats[k] += v
