@@ -216,6 +216,7 @@ class AgentRLModule(pl.LightningModule, RunView):
                                       generated_tokens=self.generated_tokens)
         for logger in self.trainer.loggers:  # every logger: `trainer.logger` is only the first of several
             logger.log_metrics(metrics, step=self.rl_step)
+            logger.save()
         print(evaluation.summary_line(label, plan.episodes, metrics, plan.greedy), flush=True)
         self.last_eval = metrics
         return metrics
@@ -330,6 +331,7 @@ class AgentRLModule(pl.LightningModule, RunView):
         # (at Lightning's step index, the batch's: RL step k is logged at k − 1, evaluations after it at k)
         for logger in self.trainer.loggers:
             logger.log_metrics(metrics, step=self.rl_step - 1)
+            logger.save()  # as Lightning's logger connector does after logging (the CSV logger writes its file)
         reward = metrics.get("rollout/reward", float("nan"))
         self.log("reward", reward, prog_bar=True, on_step=True, batch_size=len(tasks), logger=False)
         self.log("step_s", metrics["perf/step_seconds"], prog_bar=True, on_step=True, batch_size=len(tasks),
