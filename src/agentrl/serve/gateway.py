@@ -96,6 +96,8 @@ class TrainingGateway:
                  model_name: str = "agentrl", remember_finished: int = 100_000) -> None:
         if not 0 <= port < 65536:
             raise ValueError(f"gateway port must be in [0, 65535], got {port}")
+        if api_key is not None and not api_key.strip():
+            raise ValueError("the training gateway's api_key must be a non-empty string or None (a random key)")
         self.host, self.port = host, port
         self.api_key = api_key or secrets.token_urlsafe(24)
         self.model_name = model_name

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -234,6 +234,8 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_request_b
             if engine is not None:
                 await engine.shutdown()
 
+    if api_key is not None and not api_key.strip():
+        raise ValueError("api_key must be a non-empty string or None (no authentication)")
     app = FastAPI(title="agentrl serve", lifespan=lifespan)
     if api_key:
         app.add_middleware(BearerAuth, key=api_key)
@@ -282,7 +284,24 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     del args.model_arg
     if not args.max_request_mb > 0:
         parser.error(f"--max-request-mb must be > 0, got {args.max_request_mb}")
+    try:
+        args.api_key = resolve_api_key(args.api_key, os.environ)
+    except ValueError as exc:
+        parser.error(str(exc))
     return args
+
+
+def resolve_api_key(given: str | None, environ: Mapping[str, str]) -> str | None:
+    """The key from ``--api-key``, else from ``$AGENTRL_API_KEY``; None when neither is set. An empty (or blank)
+    key is refused: it would otherwise turn authentication off without a word."""
+    if given is not None:
+        if not given.strip():
+            raise ValueError("--api-key is empty: give a key, or leave the option out to serve without one")
+        return given
+    from_env = environ.get(API_KEY_ENV)
+    if from_env is not None and not from_env.strip():
+        raise ValueError(f"${API_KEY_ENV} is set but empty: set a key, or unset it to serve without one")
+    return from_env
 
 
 def serve_main(argv: Sequence[str]) -> int:
@@ -295,7 +314,7 @@ def serve_main(argv: Sequence[str]) -> int:
     from agentrl.models.loading import ModelLoadError
     from agentrl.models.policy import LoRASettings, Policy
 
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    api_key = args.api_key
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning("agentrl serve is listening on %s without an API key: anyone who reaches it can use it",
                     args.host)
