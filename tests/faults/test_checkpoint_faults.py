@@ -150,3 +150,21 @@ def test_a_checkpoint_that_cannot_be_pickled_leaves_the_previous_one_and_no_part
         io_.save_checkpoint({"step": 2, "bad": lambda: None}, target)
     assert torch.load(target, weights_only=True) == {"step": 1}
     assert not list(tmp_path.glob(f"*{PARTIAL_SUFFIX}"))
+
+
+def test_stale_partial_files_are_removed_when_a_run_starts(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A write killed mid-way (SIGKILL: no cleanup runs) leaves its ``.partial`` file; the next run removes it."""
+    from agentrl.training.checkpoint_io import PARTIAL_SUFFIX
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    stale = [folder / f".last.ckpt.k1ll3d{PARTIAL_SUFFIX}", folder / f".step-000002.ckpt.x9{PARTIAL_SUFFIX}"]
+    for path in stale:
+        path.write_bytes(b"\0" * 4096)
+    keep = folder / "notes.partial"  # not one of ours (no leading dot): left alone
+    keep.write_text("mine")
+    with caplog.at_level("WARNING", logger="agentrl.training.callbacks"):
+        _trainer(folder, keep_steps=False, max_steps=1).fit(_TinyModule())
+    assert not any(p.exists() for p in stale)
+    assert keep.exists()
+    assert "removed 2 stale partial checkpoint file(s)" in caplog.text

@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from agentrl.training.checkpoint_io import AtomicCheckpointIO
+from agentrl.training.checkpoint_io import AtomicCheckpointIO, remove_stale_partials
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,11 @@ class RLCheckpoint(ModelCheckpoint):
         super().setup(trainer, pl_module, stage)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's own CheckpointIO is left alone
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        if trainer.is_global_zero and self.dirpath is not None:
+            removed = remove_stale_partials(Path(self.dirpath))
+            if removed:
+                log.warning("removed %d stale partial checkpoint file(s) in %s, left by a write that was killed: %s",
+                            len(removed), self.dirpath, ", ".join(p.name for p in removed))
 
     def save_now(self, trainer: pl.Trainer, step: int) -> Path:
         assert self.dirpath is not None

@@ -84,6 +84,20 @@ def write_atomically(target: Path, data: bytes | memoryview | Callable[[BinaryIO
     _fsync_folder(target.parent)
 
 
+def remove_stale_partials(folder: Path) -> list[Path]:
+    """Delete the temporary files `write_atomically` leaves when its process is killed mid-write (a ``kill -9``,
+    an OOM kill: no ``except`` runs) — up to a whole checkpoint of garbage each. Called when a run starts, before
+    it writes anything; returns the files removed."""
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(folder.glob(f".*{PARTIAL_SUFFIX}")):
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
 def _fsync_folder(folder: Path) -> None:
     """Persist the rename itself (the folder entry); best effort where folders cannot be opened."""
     with contextlib.suppress(OSError):
