@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import secrets
@@ -44,18 +43,16 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import Depends, FastAPI, Header, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
-from starlette.exceptions import HTTPException
 
 from agentrl.agents.base import EpisodeTruncated, ReplayMismatchError
 from agentrl.agents.http_agent import EpisodeRoute
 from agentrl.agents.llm import AssistantReply, LLMClient
 from agentrl.serve.gateway_checks import check_request
 from agentrl.serve.gateway_stream import stream_chunks
-from agentrl.serve.http_guards import BodyLimit
+from agentrl.serve.http_guards import install_guards
 from agentrl.serve.openai_protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -278,47 +275,21 @@ def reply_message(reply: AssistantReply, *, parse_tools: bool) -> tuple[ChatMess
 def create_gateway_app(gateway: TrainingGateway) -> FastAPI:
     """The FastAPI app of ``gateway``: episode-scoped ``/v1`` routes behind the bearer key."""
     app = FastAPI(title="agentrl training gateway", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, max_bytes=16 << 20)  # as `agentrl serve`: no unbounded request bodies
-    digest = hashlib.sha256(gateway.api_key.encode()).digest()
-
-    def authorised(authorization: str | None = Header(None)) -> None:
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(hashlib.sha256(token.encode()).digest(), digest):
-            raise ServeError("Incorrect API key provided: use the api_key handed to your run function.", 401,
-                             "AuthenticationError")
-
-    @app.exception_handler(ServeError)
-    async def serve_error(_: Request, exc: ServeError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, exc.err_type, exc.status, exc.param), status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        message = f"{where}: {first.get('msg', 'invalid request')}" if where else str(first.get("msg", exc))
-        return JSONResponse(error_body(message, "BadRequestError", 400, where or None), status_code=400)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        kind = {404: "NotFoundError", 413: "RequestTooLargeError"}.get(exc.status_code, "BadRequestError")
-        message = str(exc.detail) + (" (routes are /episodes/<episode-id>/v1/...)" if exc.status_code == 404 else "")
-        return JSONResponse(error_body(message, kind, exc.status_code), status_code=exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def internal(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("gateway request failed")
-        return JSONResponse(error_body(f"{type(exc).__name__}: {exc}", "InternalServerError", 500), status_code=500)
+    # the same guards as `agentrl serve`: key checked before the body is read, 16 MiB limit, one error shape
+    install_guards(app, api_key=gateway.api_key, max_request_bytes=16 << 20, unauthorised=error_body(
+        "Incorrect API key provided: use the api_key handed to your run function.", "AuthenticationError", 401),
+        not_found_hint=" (routes are /episodes/<episode-id>/v1/...)")
 
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
 
-    @app.get("/episodes/{episode_id}/v1/models", dependencies=[Depends(authorised)])
+    @app.get("/episodes/{episode_id}/v1/models")
     async def models(episode_id: str) -> JSONResponse:
         gateway.episode(episode_id)
         return JSONResponse(ModelList(data=[ModelCard(id=gateway.model_name)]).model_dump())
 
-    @app.post("/episodes/{episode_id}/v1/chat/completions", dependencies=[Depends(authorised)])
+    @app.post("/episodes/{episode_id}/v1/chat/completions")
     async def chat(episode_id: str, req: ChatCompletionRequest) -> Response:
         return await gateway.chat(gateway.episode(episode_id), req)
 

@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from agentrl.chat.tools import HermesToolParser
 from agentrl.engines.vllm import API_KEY_ENV  # one name for the key on both sides of the protocol
-from agentrl.serve.http_guards import BearerAuth, BodyLimit, install_error_handlers, until_disconnected
+from agentrl.serve.http_guards import install_guards, until_disconnected
 from agentrl.serve.openai_protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -234,13 +234,8 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_request_b
             if engine is not None:
                 await engine.shutdown()
 
-    if api_key is not None and not api_key.strip():
-        raise ValueError("api_key must be a non-empty string or None (no authentication)")
     app = FastAPI(title="agentrl serve", lifespan=lifespan)
-    if api_key:
-        app.add_middleware(BearerAuth, key=api_key)
-    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)  # outermost: before the key check reads anything
-    install_error_handlers(app)
+    install_guards(app, api_key=api_key, max_request_bytes=max_request_bytes)
     _add_routes(app, served)
     return app
 
