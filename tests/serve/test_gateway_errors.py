@@ -77,3 +77,40 @@ def test_strings_that_are_not_unicode_are_400s_naming_the_field(tiny_policy: Pol
     assert [r.status_code for r in answers] == [400] * 4, [r.text for r in answers]
     assert [r.json()["error"]["param"] for r in answers] == [
         "messages[0].content", "messages[0].role", "messages[0].content[0].text", "model"]
+
+
+def test_a_huge_message_truncates_its_episode_at_once_and_the_loop_keeps_answering(tiny_policy: Policy) -> None:
+    """Before, a 4 MB chat message was rendered and tokenized on the rollout loop (6 s held)."""
+
+    async def main() -> tuple[httpx.Response, list[float], Any]:
+        gateway, engine = TrainingGateway(), ScriptedEngine(tiny_policy)
+        try:
+            llm = LLMClient(engine, engine.tokenizer, SamplingParams(max_tokens=4), session="s", seed=1)
+            route = await gateway.open(llm)
+            latencies: list[float] = []
+            async with httpx.AsyncClient(timeout=120) as http:
+                async def poll() -> None:
+                    while True:
+                        began = asyncio.get_running_loop().time()
+                        await http.get(f"{gateway.url}/health")
+                        latencies.append(asyncio.get_running_loop().time() - began)
+                        await asyncio.sleep(0.05)
+
+                poller = asyncio.create_task(poll())
+                await asyncio.sleep(0.2)
+                r = await http.post(f"{route.base_url}/chat/completions", headers={
+                    "Authorization": f"Bearer {route.api_key}"}, json={"messages": [
+                        {"role": "user", "content": "b" * (4 << 20)}]})
+                await asyncio.sleep(0.2)
+                poller.cancel()
+            await gateway.close(route)
+            return r, latencies, route.stopped
+        finally:
+            await gateway.aclose()
+            await engine.shutdown()
+
+    r, latencies, stopped = asyncio.run(main())
+    assert r.status_code == 400 and r.json()["error"]["type"] == "EpisodeTruncated", r.text[:300]
+    assert "characters" in r.json()["error"]["message"]
+    assert stopped is not None  # the episode ends truncated, as for a full context
+    assert latencies and max(latencies) < 1.0, max(latencies)

@@ -50,6 +50,7 @@ from jinja2 import TemplateError
 from agentrl.agents.base import EpisodeTruncated, ReplayMismatchError
 from agentrl.agents.http_agent import EpisodeRoute
 from agentrl.agents.llm import AssistantReply, LLMClient
+from agentrl.chat.render import max_token_bytes, text_chars
 from agentrl.serve.gateway_checks import check_request
 from agentrl.serve.gateway_stream import stream_chunks
 from agentrl.serve.http_guards import install_guards
@@ -194,6 +195,7 @@ class TrainingGateway:
         check_request(req, episode.llm.sampling)
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         shown = None if req.tool_choice == "none" else tools
+        self._check_size(episode, text_chars(req.messages) + text_chars(shown))
         conv = template_messages(episode.llm.tokenizer, req.messages, shown)
         reply = await self._turn(episode, conv, shown)
         message, finish = reply_message(reply, parse_tools=bool(shown))
@@ -216,6 +218,18 @@ class TrainingGateway:
         body = ChatCompletionResponse(model=model, choices=[choice], usage=usage,
                                       prompt_token_ids=list(turn.prompt_ids) if with_ids else None)
         return JSONResponse(body.model_dump())
+
+    @staticmethod
+    def _check_size(episode: _Episode, chars: int) -> None:
+        """A conversation that cannot fit the context whatever it tokenizes to truncates the episode at once, as a
+        full context does (`EpisodeTruncated`), before anything renders it."""
+        llm = episode.llm
+        ctx = llm.engine.max_context
+        if chars > ctx * max_token_bytes(llm.tokenizer):
+            stopped = EpisodeTruncated(f"turn {len(llm.turns)}: the messages hold {chars} characters, more than the "
+                                       f"{ctx}-token context window can hold")
+            episode.route.stopped = stopped
+            raise _stopped(stopped)
 
     async def _turn(self, episode: _Episode, conv: list[dict[str, Any]],
                     tools: list[dict[str, Any]] | None) -> AssistantReply:

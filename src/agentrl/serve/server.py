@@ -38,6 +38,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from agentrl.chat.render import max_token_bytes, text_chars
 from agentrl.chat.tools import HermesToolParser
 from agentrl.engines.vllm import API_KEY_ENV  # one name for the key on both sides of the protocol
 from agentrl.serve.http_guards import install_guards, until_disconnected
@@ -89,25 +90,63 @@ def _usage(prompts: Sequence[list[int]], gens: Sequence[Sequence[Generation]]) -
                      prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=cached))
 
 
-def _prompts(req: CompletionRequest, served: ServedModel) -> list[list[int]]:
-    """Token ids of every prompt of a completion request (text is encoded as vLLM does)."""
+MAX_SEQUENCES = 256
+"""Most sequences one request may ask for (prompts × ``n``): ``[[1]] * 10000`` with ``n: 64``, a 50 KB body, asked
+for 640,000 and held the server for minutes."""
+
+
+def _check_sequences(prompts: int, n: int) -> None:
+    if prompts * n > MAX_SEQUENCES:
+        raise ServeError(f"the request asks for {prompts} prompt(s) x n={n} = {prompts * n} sequences; agentrl serve "
+                         f"takes at most {MAX_SEQUENCES} per request (send several requests)",
+                         param="prompt" if prompts > 1 else "n")
+
+
+def _check_chars(chars: int, served: ServedModel, param: str) -> None:
+    """Refuse text that cannot fit the context whatever it tokenizes to (`max_token_bytes`), before any work."""
+    ctx, per_token = served.max_context, max_token_bytes(served.tokenizer)
+    if chars > ctx * per_token:
+        raise ServeError(f"This model's maximum context length is {ctx} tokens. However, the {param} holds {chars} "
+                         f"characters, more than {ctx} tokens can cover (at most {per_token} bytes each). Please "
+                         "reduce the length of the prompt.", param=param)
+
+
+def _check_length(ids: list[int], served: ServedModel, param: str) -> None:
+    if len(ids) > served.max_context:
+        raise ServeError(f"This model's maximum context length is {served.max_context} tokens. However, the "
+                         f"{param} has {len(ids)} tokens. Please reduce the length of the prompt.", param=param)
+
+
+async def _prompts(req: CompletionRequest, served: ServedModel) -> list[list[int]]:
+    """Token ids of every prompt of a completion request (text is encoded as vLLM does). The counts and sizes are
+    checked first, from the lengths alone; the text is encoded in a worker thread, off the event loop."""
     raw = req.prompt
     items: list[Any] = [raw] if isinstance(raw, str) or (raw and isinstance(raw[0], int)) else list(raw)
-    out = []
-    for item in items:
-        ids = (list(served.tokenizer.encode(item, add_special_tokens=req.add_special_tokens))
-               if isinstance(item, str) else list(item))
-        check_prompt_ids(ids, served.vocab_size)
-        out.append(ids)
-    if not out:
+    if not items:
         raise ServeError("Either prompt or prompt_embeds must be provided and non-empty.", param="prompt")
+    _check_sequences(len(items), req.n)
+    for item in items:
+        if isinstance(item, str):
+            _check_chars(len(item), served, "prompt")
+        else:
+            _check_length(item, served, "prompt")
+    tokenizer, special = served.tokenizer, req.add_special_tokens
+
+    def encode() -> list[list[int]]:
+        return [list(tokenizer.encode(item, add_special_tokens=special)) if isinstance(item, str) else list(item)
+                for item in items]
+
+    out = await asyncio.to_thread(encode) if any(isinstance(i, str) for i in items) else encode()
+    for ids in out:
+        _check_length(ids, served, "prompt")
+        check_prompt_ids(ids, served.vocab_size)
     return out
 
 
 async def _completions(served: ServedModel, req: CompletionRequest) -> CompletionResponse:
     served.check_model(req.model)
     _check_supported(req)
-    prompts = _prompts(req, served)
+    prompts = await _prompts(req, served)
     max_tokens = 16 if req.max_tokens is None else req.max_tokens  # vLLM: null means the default, 16
     specs = [gen_spec(req, served, len(p), max_tokens, req.logprobs or 0) for p in prompts]
     async with served.engine_for(req.model) as (engine, _base):
@@ -134,8 +173,16 @@ async def _chat(served: ServedModel, req: ChatCompletionRequest, parser: HermesT
     if choice != "none" and not tools:
         raise ServeError("When using `tool_choice`, `tools` must be set.", param="tool_choice")
     prefix = forced_prefix(choice, tools)
-    text = render_chat(served.tokenizer, req.messages, tools, req.add_generation_prompt, parser) + prefix
-    prompt = list(served.tokenizer.encode(text, add_special_tokens=False))
+    _check_sequences(1, req.n)
+    _check_chars(text_chars(req.messages) + text_chars(tools), served, "messages")
+    tokenizer = served.tokenizer
+
+    def render() -> list[int]:  # a worker thread: a long conversation renders and tokenizes off the event loop
+        text = render_chat(tokenizer, req.messages, tools, req.add_generation_prompt, parser) + prefix
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    prompt = await asyncio.to_thread(render)
+    _check_length(prompt, served, "messages")
     check_prompt_ids(prompt, served.vocab_size)
     spec = gen_spec(req, served, len(prompt), req.max_completion_tokens or req.max_tokens,
                     (req.top_logprobs or 0) if req.logprobs else 0)
