@@ -7,11 +7,30 @@ recorded turns and the outcome into a `Trajectory`.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from agentrl.agents.llm import LLMClient
+
+
+class RewardError(ValueError):
+    """A reward that is not a finite number (NaN, inf, a string); the message names where it came from. It fails
+    its episode only (the collector records it), where a NaN used to reach the loss and end the run."""
+
+
+def check_reward(value: Any, source: str) -> float:
+    """``value`` as a float when it is a finite real number (int, float, numpy scalar; not a bool, not a string),
+    else `RewardError` naming ``source`` (``GuessNumberEnv.step``, ``the reward function my.reward``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise RewardError(f"reward from {source} is {value!r} ({type(value).__name__}): a reward must be a finite "
+                          "int or float")
+    number = float(value)
+    if not math.isfinite(number):
+        raise RewardError(f"reward from {source} is {number}: a reward must be a finite number")
+    return number
 
 
 @dataclass(frozen=True)

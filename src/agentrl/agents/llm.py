@@ -24,7 +24,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.agents.base import EpisodeTruncated, ReplayMismatchError
+from agentrl.agents.base import EpisodeTruncated, ReplayMismatchError, check_reward
 from agentrl.chat.render import Message, render_prompt, text_chars
 from agentrl.chat.tools import HermesToolParser, ToolCall, ToolParser
 from agentrl.engines.base import RolloutEngine, SamplingParams
@@ -164,11 +164,12 @@ class LLMClient:
                     tools=tools)
         return self._record(turn, messages, prompt_text)
 
-    def reward(self, value: float, turn: int = -1) -> None:
-        """Add a reward to a recorded turn (the last by default)."""
+    def reward(self, value: float, turn: int = -1, *, source: str = "llm.reward") -> None:
+        """Add a reward to a recorded turn (the last by default). A reward that is not a finite number raises
+        `RewardError` naming ``source``: the episode fails, not the run."""
         if not self.turns:
             raise RuntimeError("llm.reward called before any LLM call: there is no turn to reward")
-        self.turns[turn].reward += float(value)
+        self.turns[turn].reward += check_reward(value, source)
 
     def record_snapshot(self, state: Any) -> None:
         """Store agent state at the current boundary (before the next call) for fast RTPO branching; the
