@@ -95,9 +95,7 @@ class MLflowLogger(MLFlowLogger):
                  tracking_uri: str = DEFAULT_TRACKING_URI, tags: dict[str, Any] | None = None,
                  run_id: str | None = None, artifact_location: str | None = None,
                  fallback_uri: str = DEFAULT_FALLBACK_URI, timeout_s: int = 10, max_retries: int = 1) -> None:
-        if timeout_s < 1 or max_retries < 0:
-            raise ValueError(f"trainer.logger.init_args: timeout_s must be >= 1 and max_retries >= 0, got "
-                             f"{timeout_s} and {max_retries}")
+        self.check_settings(timeout_s, max_retries)
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(max_retries))
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
@@ -113,6 +111,14 @@ class MLflowLogger(MLFlowLogger):
         self.timeout_s = timeout_s
         self.end_status: str | None = None  # set by TrajectoryLogger: KILLED on an early stop
         self._params: dict[str, Any] = {}
+
+    @staticmethod
+    def check_settings(timeout_s: int = 10, max_retries: int = 1) -> None:
+        """The checks of the arguments, without creating anything (`agentrl.training.preflight` runs them)."""
+        if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s < 1:
+            raise ValueError(f"trainer.logger.init_args.timeout_s must be >= 1 second, got {timeout_s!r}")
+        if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
+            raise ValueError(f"trainer.logger.init_args.max_retries must be >= 0, got {max_retries!r}")
 
     # ------------------------------------------------------------------ opening the store
 

@@ -37,6 +37,8 @@ class RLCheckpoint(ModelCheckpoint):
     def __init__(self, dirpath: str = "checkpoints", every_n_steps: int = 10, keep_steps: bool = False) -> None:
         if every_n_steps < 0:
             raise ValueError(f"checkpoint.every_n_steps must be >= 0, got {every_n_steps}")
+        if Path(dirpath).exists() and not Path(dirpath).is_dir():
+            raise ValueError(f"checkpoint.dirpath must be a folder, got {dirpath!r}, which is a file")
         super().__init__(dirpath=dirpath, save_last=True, save_top_k=0, every_n_train_steps=0,
                          save_on_train_epoch_end=False)
         self.every_n_steps = every_n_steps
