@@ -71,17 +71,34 @@ CASES: dict[str, tuple[str, list[str], str]] = {
     "seed-everything-abc": (RTPO, ["--seed_everything", "abc"], "seed_everything"),
     "correction-cap-inf": (RTPO, ["--model.algorithm.init_args.ppo.correction_cap", "inf"], "ppo.correction_cap"),
     "logger-timeout-0": (RTPO, ["--trainer.logger.init_args.timeout_s", "0"], "timeout_s"),
+    # item 7: an unreadable checkpoint (made by the fixture under {base}) is one line naming the loadable one
+    "ckpt-path-truncated": (RTPO, ["--ckpt_path", "{base}/ckpts/step-000002.ckpt"],
+                            "step-000002.ckpt is not a torch checkpoint"),
+    "ckpt-path-last-planted-pickle": (RTPO, ["--checkpoint.dirpath", "{base}/ckpts", "--ckpt_path", "last"],
+                                      "the newest loadable checkpoint beside it is {base}/ckpts/step-000001.ckpt"),
 }
+
+
+def _checkpoints(folder: Path) -> None:
+    """A loadable step 1, a truncated step 2, and a ``last.ckpt`` holding a pickle that safe loading refuses."""
+    import torch
+
+    folder.mkdir()
+    torch.save({"state_dict": {"w": torch.zeros(64)}}, folder / "step-000001.ckpt")
+    whole = (folder / "step-000001.ckpt").read_bytes()
+    (folder / "step-000002.ckpt").write_bytes(whole[: len(whole) // 2])
+    torch.save({"hook": print}, folder / "last.ckpt")
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     base = tmp_path_factory.mktemp("faults")
+    _checkpoints(base / "ckpts")
     cases = {}
     for name, (config, args, _) in CASES.items():
         cwd = base / name
         cwd.mkdir()
-        cases[name] = {"cwd": str(cwd), "args": ["--config", config, *args]}
+        cases[name] = {"cwd": str(cwd), "args": ["--config", config, *(a.replace("{base}", str(base)) for a in args)]}
     (base / "cases.json").write_text(json.dumps(cases))
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("fit_probe.py")), str(base / "cases.json"),
@@ -90,6 +107,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     out: dict[str, dict[str, Any]] = json.loads((base / "out.json").read_text())
     for name, record in out.items():
         record["cwd"] = cases[name]["cwd"]
+        record["expected"] = CASES[name][2].replace("{base}", str(base))
     return out
 
 
@@ -98,7 +116,8 @@ def test_config_mistake_stops_before_any_work_naming_the_key(results: dict[str, 
     record = results[name]
     output = record["stderr"] + record["stdout"]
     assert record["code"] not in (0, None, "exception"), output[-2000:]
-    assert CASES[name][2] in output, output[-2000:]
+    assert record["expected"] in output, output[-2000:]
+    assert "weights_only=False" not in output
     assert "Does not validate against any of the Union subtypes" not in output
     assert "Traceback" not in output
     assert len(record["stderr"].strip().splitlines()) == 1, record["stderr"][-2000:]  # one line, no usage dump

@@ -15,6 +15,7 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from jsonargparse import Namespace
@@ -26,7 +27,7 @@ from agentrl.models.policy import LoRATargetError
 from agentrl.tracking import DEFAULT_TRACKING_URI, TrajectoryLogger, log_config, reopen_run
 from agentrl.tracking.store import logger_entries
 from agentrl.training.callbacks import GracefulStop, RLCheckpoint
-from agentrl.training.checkpoint_io import CheckpointError
+from agentrl.training.checkpoint_io import CheckpointError, check_checkpoint
 from agentrl.training.datamodule import RolloutDataModule
 from agentrl.training.keys import COMMON_KEYS, normalize_argv, parse_error_line
 from agentrl.training.module import AgentRLModule
@@ -76,6 +77,17 @@ class AgentRLCLI(LightningCLI):
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         self.parser_class = _OneLineErrors
         return super().init_parser(**kwargs)
+
+    def _parse_ckpt_path(self) -> None:
+        # Lightning reads a --ckpt_path file here, right after parsing, with torch's traceback for a damaged one
+        subcommand = self.config.get("subcommand")
+        ckpt = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt and Path(ckpt).is_file():
+            try:
+                check_checkpoint(Path(ckpt))
+            except CheckpointError as exc:
+                raise ConfigError(f"ckpt_path: {exc}") from None
+        super()._parse_ckpt_path()
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RLCheckpoint, "checkpoint")

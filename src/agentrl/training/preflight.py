@@ -30,7 +30,7 @@ from lightning.pytorch.loggers import Logger
 from agentrl.models.facts import model_context, module_names
 from agentrl.models.loading import SMOLLM2, check_model_spec
 from agentrl.models.policy import Policy
-from agentrl.training.checkpoint_io import check_checkpoint
+from agentrl.training.checkpoint_io import CheckpointError, check_checkpoint
 from agentrl.training.module import AgentRLModule
 
 
@@ -185,9 +185,16 @@ def _check_trainer(fit: Any) -> None:
         if str(ckpt) == "last":
             last = Path(fit.get("checkpoint.dirpath") or "checkpoints") / "last.ckpt"
             if last.is_file():
-                check_checkpoint(last)
+                _checked(last)
         return
     if not Path(ckpt).is_file():
         raise ValueError(f"ckpt_path: no checkpoint file {ckpt}" + (" (it is a folder)" if Path(ckpt).is_dir()
                                                                     else ""))
-    check_checkpoint(Path(ckpt))
+    _checked(Path(ckpt))
+
+
+def _checked(path: Path) -> None:
+    try:
+        check_checkpoint(path)
+    except CheckpointError as exc:
+        raise ValueError(f"ckpt_path: {exc}") from None
