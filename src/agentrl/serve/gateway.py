@@ -26,8 +26,10 @@ the uvicorn server as a task on that same loop, a handler simply awaits ``llm.ch
 ``run_coroutine_threadsafe`` and back per request, no asyncio object touched from a foreign loop, and the
 gateway's life ends with the loop's (`RolloutRuntime.close` cancels the server task, which closes its socket).
 It costs nothing in parallelism: the GIL serialises Python anyway, the engine's forward passes run in worker
-threads, and request parsing is small next to a forward pass. Agents still run where they must: an async ``run``
-on the loop (its HTTP requests are awaited, so the server keeps answering), a sync ``run`` in a worker thread.
+threads, and request parsing is small next to a forward pass (a conversation too long for the context is refused
+from its length alone, and long ones render and tokenize in a worker thread, so one request cannot hold the loop).
+Agents still run where they must: an async ``run`` on the loop (its HTTP requests are awaited, so the server keeps
+answering), a sync ``run`` in a worker thread.
 The server starts lazily, on the first episode that asks for a route, on whichever loop that episode runs on.
 """
 

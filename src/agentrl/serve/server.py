@@ -13,7 +13,9 @@ request and response shapes (`agentrl.serve.openai_protocol`):
   served model (``--lora-rank``); one adapter is resident at a time, loaded only from inside
   ``--lora-modules-root`` (see `agentrl.serve.served_model`).
 
-The engine runs on the server's event loop; forward passes run in worker threads. A completion whose client
+The engine runs on the server's event loop; forward passes, chat rendering and tokenizing run in worker threads,
+after the prompt's size is checked from its length (`MAX_SEQUENCES` caps prompts × ``n``), so that one request
+cannot hold the loop. A completion whose client
 disconnects is cancelled and leaves the decode batch. The server binds 127.0.0.1 unless told otherwise; with
 ``--api-key`` (or ``AGENTRL_API_KEY``) every request but ``/health`` needs ``Authorization: Bearer <key>`` (401
 ``{"error": "Unauthorized"}`` otherwise, as vLLM answers), the ``/docs`` and ``/openapi.json`` pages included.

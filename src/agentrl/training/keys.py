@@ -79,7 +79,8 @@ _STRUCTURE = ("Parser key", "Key \"", "Does not validate", "Subtypes:", "Errors:
 
 
 def _plain_types(text: str) -> str:
-    return re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", text)
+    text = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", text)
+    return re.sub(r"a typing\.Literal\[(.*)\]", r"one of \1", text)
 
 
 def parse_error_line(message: str) -> str:
@@ -94,7 +95,7 @@ def parse_error_line(message: str) -> str:
         types = " or ".join(_plain_types(d.removeprefix("Expected a").strip().rstrip(".")) for d in details)
         detail = f"expected {types}" + (f", got {given!r}" if given is not None else "")
     elif details:
-        detail = _plain_types(details[0]).replace("Expected a", "expected a").replace(". Got value:", ", got")
+        detail = _plain_types(details[0]).replace("Expected ", "expected ", 1).replace(". Got value:", ", got")
     else:
         detail = " ".join(message.split())
     where = ".".join(dict.fromkeys(keys))
