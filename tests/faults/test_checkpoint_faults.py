@@ -150,3 +150,66 @@ def test_a_checkpoint_that_cannot_be_pickled_leaves_the_previous_one_and_no_part
         io_.save_checkpoint({"step": 2, "bad": lambda: None}, target)
     assert torch.load(target, weights_only=True) == {"step": 1}
     assert not list(tmp_path.glob(f"*{PARTIAL_SUFFIX}"))
+
+
+def test_stale_partial_files_are_removed_when_a_run_starts(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A write killed mid-way (SIGKILL: no cleanup runs) leaves its ``.partial`` file; the next run removes it."""
+    from agentrl.training.checkpoint_io import PARTIAL_SUFFIX
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    stale = [folder / f".last.ckpt.k1ll3d{PARTIAL_SUFFIX}", folder / f".step-000002.ckpt.x9{PARTIAL_SUFFIX}"]
+    for path in stale:
+        path.write_bytes(b"\0" * 4096)
+    keep = folder / "notes.partial"  # not one of ours (no leading dot): left alone
+    keep.write_text("mine")
+    with caplog.at_level("WARNING", logger="agentrl.training.callbacks"):
+        _trainer(folder, keep_steps=False, max_steps=1).fit(_TinyModule())
+    assert not any(p.exists() for p in stale)
+    assert keep.exists()
+    assert "removed 2 stale partial checkpoint file(s)" in caplog.text
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _zeros(path: Path) -> None:
+    path.write_bytes(b"\0" * path.stat().st_size)
+
+
+def _random_bytes(path: Path) -> None:
+    path.write_bytes(os.urandom(path.stat().st_size))
+
+
+def _empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _planted_pickle(path: Path) -> None:
+    torch.save({"state_dict": {}, "hook": print}, path)  # a global that weights_only=True refuses to load
+
+
+@pytest.mark.filterwarnings("ignore:You.re resuming from a checkpoint that ended before the epoch ended")
+@pytest.mark.parametrize("damage", [_truncate, _zeros, _random_bytes, _empty, _planted_pickle],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_an_unreadable_checkpoint_is_one_line_naming_it_and_the_newest_loadable_one(tmp_path: Path,
+                                                                                    damage: Any) -> None:
+    """Issue 29, item 7: before, a raw torch traceback that never named the file (one advised re-saving with
+    zipfile serialisation, the planted pickle advised ``weights_only=False``, the dangerous option)."""
+    from agentrl.training.checkpoint_io import CheckpointError
+
+    folder = tmp_path / "checkpoints"
+    _trainer(folder, keep_steps=True, max_steps=3).fit(_TinyModule())
+    last, newest = folder / "last.ckpt", folder / "step-000003.ckpt"
+    damage(last)
+    _truncate(newest)  # the newest step file is damaged too: the answer is the one before it
+    with pytest.raises(CheckpointError) as caught:
+        _trainer(folder, keep_steps=True, max_steps=4).fit(_TinyModule(), ckpt_path=str(last))
+    message = str(caught.value)
+    assert message.startswith(f"checkpoint {last} ") and "\n" not in message, message
+    assert f"the newest loadable checkpoint beside it is {folder / 'step-000002.ckpt'}" in message, message
+    assert "weights_only=False" not in message and "zipfile" not in message, message
+    resumed = _TinyModule()  # and the one it names resumes
+    _trainer(folder, keep_steps=False, max_steps=3).fit(resumed, ckpt_path=str(folder / "step-000002.ckpt"))
+    assert resumed.rl_step == 3

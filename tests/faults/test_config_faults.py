@@ -50,17 +50,55 @@ CASES: dict[str, tuple[str, list[str], str]] = {
                                              "model.engine.init_args.logprobs_mode"),
     "correction-cap-0.5": (RTPO, ["--model.algorithm.init_args.ppo.correction_cap", "0.5"], "ppo.correction_cap"),
     "compute-dtype-float16": (RTPO, ["--model.policy.init_args.compute_dtype", "float16"], "compute_dtype"),
+    # issue 29, item 4: not stopped before the model load, or not by name, before
+    "eval-every-without-eval-episodes": (RTPO, ["--data.eval_every", "2"], "data.eval_every"),
+    "eval-every-tokens-without-eval-episodes": (RTPO, ["--data.eval_every_tokens", "100"], "data.eval_every_tokens"),
+    "eval-greedy-without-eval-episodes": (RTPO, ["--data.eval_greedy", "true"], "data.eval_greedy"),
+    "max-tokens-beyond-the-context": (RTPO, ["--data.sampling.max_tokens", "1000000"], "data.sampling.max_tokens"),
+    "peak-flops-negative": (RTPO, ["--model.peak_flops=-1"], "model.peak_flops"),
+    "peak-flops-0": (RTPO, ["--model.peak_flops", "0"], "model.peak_flops"),
+    "lora-target-the-model-lacks": (RTPO, ["--model.policy.init_args.lora", "{r: 8, target_modules: [c_attn]}"],
+                                    "lora.target_modules"),
+    "accumulate-grad-batches-2": (RTPO, ["--trainer.accumulate_grad_batches", "2"], "trainer.accumulate_grad_batches"),
+    "ckpt-path-missing": (RTPO, ["--ckpt_path", "/nonexistent/step-000003.ckpt"], "ckpt_path"),
+    "checkpoint-dirpath-is-a-file": (RTPO, ["--checkpoint.dirpath", str(ROOT / "pyproject.toml")],
+                                     "checkpoint.dirpath"),
+    "lr-nan": (RTPO, ["--model.optim.lr", "nan"], "model.optim.lr"),
+    "lr-fast": (RTPO, ["--model.optim.lr", "fast"], "model.optim.lr"),
+    "temperature-nan": (RTPO, ["--data.sampling.temperature", "nan"], "data.sampling.temperature"),
+    "max-grad-norm-nan": (RTPO, ["--model.optim.max_grad_norm", "nan"], "model.optim.max_grad_norm"),
+    "lora-unknown-key": (RTPO, ["--model.policy.init_args.lora", "{r: 8, bogus: 1}"], "bogus"),
+    "seed-everything-abc": (RTPO, ["--seed_everything", "abc"], "seed_everything"),
+    "correction-cap-inf": (RTPO, ["--model.algorithm.init_args.ppo.correction_cap", "inf"], "ppo.correction_cap"),
+    "logger-timeout-0": (RTPO, ["--trainer.logger.init_args.timeout_s", "0"], "timeout_s"),
+    # item 7: an unreadable checkpoint (made by the fixture under {base}) is one line naming the loadable one
+    "ckpt-path-truncated": (RTPO, ["--ckpt_path", "{base}/ckpts/step-000002.ckpt"],
+                            "step-000002.ckpt is not a torch checkpoint"),
+    "ckpt-path-last-planted-pickle": (RTPO, ["--checkpoint.dirpath", "{base}/ckpts", "--ckpt_path", "last"],
+                                      "the newest loadable checkpoint beside it is {base}/ckpts/step-000001.ckpt"),
 }
+
+
+def _checkpoints(folder: Path) -> None:
+    """A loadable step 1, a truncated step 2, and a ``last.ckpt`` holding a pickle that safe loading refuses."""
+    import torch
+
+    folder.mkdir()
+    torch.save({"state_dict": {"w": torch.zeros(64)}}, folder / "step-000001.ckpt")
+    whole = (folder / "step-000001.ckpt").read_bytes()
+    (folder / "step-000002.ckpt").write_bytes(whole[: len(whole) // 2])
+    torch.save({"hook": print}, folder / "last.ckpt")
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     base = tmp_path_factory.mktemp("faults")
+    _checkpoints(base / "ckpts")
     cases = {}
     for name, (config, args, _) in CASES.items():
         cwd = base / name
         cwd.mkdir()
-        cases[name] = {"cwd": str(cwd), "args": ["--config", config, *args]}
+        cases[name] = {"cwd": str(cwd), "args": ["--config", config, *(a.replace("{base}", str(base)) for a in args)]}
     (base / "cases.json").write_text(json.dumps(cases))
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("fit_probe.py")), str(base / "cases.json"),
@@ -69,6 +107,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     out: dict[str, dict[str, Any]] = json.loads((base / "out.json").read_text())
     for name, record in out.items():
         record["cwd"] = cases[name]["cwd"]
+        record["expected"] = CASES[name][2].replace("{base}", str(base))
     return out
 
 
@@ -77,9 +116,11 @@ def test_config_mistake_stops_before_any_work_naming_the_key(results: dict[str, 
     record = results[name]
     output = record["stderr"] + record["stdout"]
     assert record["code"] not in (0, None, "exception"), output[-2000:]
-    assert CASES[name][2] in output, output[-2000:]
+    assert record["expected"] in output, output[-2000:]
+    assert "weights_only=False" not in output
     assert "Does not validate against any of the Union subtypes" not in output
     assert "Traceback" not in output
+    assert len(record["stderr"].strip().splitlines()) == 1, record["stderr"][-2000:]  # one line, no usage dump
     assert record["model_loads"] == [], f"a model load started: {record['model_loads']}"
     cwd = Path(record["cwd"])
     left = sorted(p.name for p in cwd.iterdir())

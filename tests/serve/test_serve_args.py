@@ -48,3 +48,28 @@ def test_a_body_limit_must_be_positive(value: str, capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit):
         parse_args(["--max-request-mb", value])
     assert "--max-request-mb must be > 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,env,message", [
+    (["--api-key", ""], {}, "--api-key is empty"),
+    (["--api-key", "  "], {}, "--api-key is empty"),
+    ([], {"AGENTRL_API_KEY": ""}, "$AGENTRL_API_KEY is set but empty"),
+])
+def test_an_empty_api_key_is_refused_not_taken_as_no_key(argv: list[str], env: dict[str, str], message: str,
+                                                         capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AGENTRL_API_KEY", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["tiny-random", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_key_from_the_option_or_the_environment_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTRL_API_KEY", "from-env")
+    assert parse_args(["tiny-random"]).api_key == "from-env"
+    assert parse_args(["tiny-random", "--api-key", "given"]).api_key == "given"
+    monkeypatch.delenv("AGENTRL_API_KEY")
+    assert parse_args(["tiny-random"]).api_key is None

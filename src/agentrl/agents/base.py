@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from agentrl.agents.errors import EpisodeTruncated, ReplayMismatchError
+from agentrl.agents.errors import EpisodeTruncated, ReplayMismatchError, RewardError, check_reward
 
 if TYPE_CHECKING:
     from agentrl.agents.llm import LLMClient
 
-__all__ = ["Agent", "EpisodeTruncated", "Outcome", "ReplayMismatchError", "Task"]
+__all__ = ["Agent", "EpisodeTruncated", "Outcome", "ReplayMismatchError", "RewardError", "Task", "check_reward"]
 
 
 @dataclass(frozen=True)

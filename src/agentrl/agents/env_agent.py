@@ -85,7 +85,7 @@ class EnvAgent:
                 llm.record_snapshot(EnvAgentState(env_state, first, list(exchanges)))
             reply = await llm.chat(self._context(system, first, exchanges))
             result = await run_blocking(env.step, reply.text)
-            llm.reward(result.reward)
+            llm.reward(result.reward, source=f"{type(env).__name__}.step")
             info["format_errors"] += int(bool(result.info.get("format_error")))
             if result.terminated or result.truncated:
                 info.update({k: v for k, v in result.info.items() if k != "format_error"})

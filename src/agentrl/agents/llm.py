@@ -24,12 +24,16 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.agents.errors import EpisodeTruncated, ReplayMismatchError
-from agentrl.chat.render import Message, render_prompt
+from agentrl.agents.errors import EpisodeTruncated, ReplayMismatchError, check_reward
+from agentrl.chat.render import Message, render_prompt, text_chars
 from agentrl.chat.tools import HermesToolParser, ToolCall, ToolParser
 from agentrl.engines.base import RolloutEngine, SamplingParams
 from agentrl.seeding import derive_seed
 from agentrl.types import Turn
+
+_RENDER_INLINE_CHARS = 32_768
+"""Conversations longer than this render and tokenize in a worker thread, so that one long request (the training
+gateway takes them from any agent) cannot hold the rollout loop; shorter ones render inline, as cheap as a hop."""
 
 
 @dataclass
@@ -134,7 +138,10 @@ class LLMClient:
         k = len(self.turns)
         if self.max_turns is not None and k >= self.max_turns:
             raise EpisodeTruncated(f"turn limit of {self.max_turns} LLM calls reached")
-        prompt_ids, prompt_text, delta = self._prompt(messages, tools)
+        if text_chars(messages) + text_chars(tools) > _RENDER_INLINE_CHARS:  # a long one: off the event loop
+            prompt_ids, prompt_text, delta = await asyncio.to_thread(self._prompt, messages, tools)
+        else:
+            prompt_ids, prompt_text, delta = self._prompt(messages, tools)
         if self.replay is not None and k <= self.replay.branch_turn:
             recorded = self.replay.turns[k]
             if prompt_ids != recorded.prompt_ids:
@@ -157,11 +164,12 @@ class LLMClient:
                     tools=tools)
         return self._record(turn, messages, prompt_text)
 
-    def reward(self, value: float, turn: int = -1) -> None:
-        """Add a reward to a recorded turn (the last by default)."""
+    def reward(self, value: float, turn: int = -1, *, source: str = "llm.reward") -> None:
+        """Add a reward to a recorded turn (the last by default). A reward that is not a finite number raises
+        `RewardError` naming ``source``: the episode fails, not the run."""
         if not self.turns:
             raise RuntimeError("llm.reward called before any LLM call: there is no turn to reward")
-        self.turns[turn].reward += float(value)
+        self.turns[turn].reward += check_reward(value, source)
 
     def record_snapshot(self, state: Any) -> None:
         """Store agent state at the current boundary (before the next call) for fast RTPO branching; the

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.agents.base import Task
+from agentrl.agents.base import RewardError, Task, check_reward
 from agentrl.agents.blocking import run_blocking
 from agentrl.agents.llm import LLMClient
 
@@ -44,11 +44,19 @@ async def score(reward: Callable[[Task, Any], Any], task: Task, result: Any) -> 
         value = await run_blocking(reward, task, result)
     if inspect.isawaitable(value):
         value = await value
+    source = f"the reward function {_name(reward)}"
     if isinstance(value, Score):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return Score(float(value))
-    raise TypeError(f"reward must return a float or a Score, got {type(value).__name__}")
+        turn_rewards = [check_reward(r, f"{source} (Score.turn_rewards[{i}])")
+                        for i, r in enumerate(value.turn_rewards)]
+        return Score(check_reward(value.reward, f"{source} (Score.reward)"), value.success, turn_rewards, value.info)
+    if isinstance(value, str | bytes) or value is None:
+        raise RewardError(f"reward from {source} is {value!r}: reward must return a float or a Score, got "
+                          f"{type(value).__name__} (a string is never read as a number)")
+    return Score(check_reward(value, source))
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__qualname__", None) or type(fn).__qualname__)
 
 
 def apply_score(llm: LLMClient, result: Score, info: dict[str, Any], success_threshold: float) -> None:
@@ -57,7 +65,7 @@ def apply_score(llm: LLMClient, result: Score, info: dict[str, Any], success_thr
     if len(result.turn_rewards) > len(llm.turns):
         raise ValueError(f"reward gave {len(result.turn_rewards)} turn rewards for {len(llm.turns)} LLM calls")
     for i, value in enumerate(result.turn_rewards):
-        llm.reward(float(value), turn=i)
+        llm.reward(value, turn=i, source=f"Score.turn_rewards[{i}]")
     info.update(result.info)
     info["success"] = bool(result.reward >= success_threshold if result.success is None else result.success)
 

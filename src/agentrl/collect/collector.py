@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.agents.base import Agent, EpisodeTruncated, Task
+from agentrl.agents.base import Agent, EpisodeTruncated, Task, check_reward
 from agentrl.agents.llm import LLMClient, Replay
 from agentrl.chat.tools import HermesToolParser, ToolParser
 from agentrl.collect.failures import format_innermost, where_raised
@@ -143,7 +143,8 @@ class Collector:
                           branch_turn=None if replay is None else replay.branch_turn)
         try:
             outcome = await asyncio.wait_for(self.agent.run(task, llm), timeout=self.episode_timeout)
-            traj.reward, traj.terminated, traj.truncated = outcome.reward, outcome.terminated, outcome.truncated
+            traj.reward = check_reward(outcome.reward, f"the Outcome of {type(self.agent).__name__}.run")
+            traj.terminated, traj.truncated = outcome.terminated, outcome.truncated
             traj.info.update(outcome.info)
             if traj.terminated and traj.truncated:
                 traj.terminated = False

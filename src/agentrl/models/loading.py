@@ -87,15 +87,22 @@ def build_tiny_tokenizer() -> Any:
     return fast
 
 
-def build_tiny_model(vocab_size: int = 320, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Any:
-    """A random Llama small enough for unit tests (about 0.1 M parameters)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_config(vocab_size: int = 320, hidden_size: int = 64, num_layers: int = 2) -> Any:
+    """The `transformers.LlamaConfig` of `build_tiny_model`."""
+    from transformers import LlamaConfig
 
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0,
     )
+
+
+def build_tiny_model(vocab_size: int = 320, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Any:
+    """A random Llama small enough for unit tests (about 0.1 M parameters)."""
+    from transformers import LlamaForCausalLM
+
+    config = tiny_config(vocab_size, hidden_size, num_layers)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)

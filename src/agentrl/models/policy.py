@@ -28,6 +28,10 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 LOGIT_CHUNK_ROWS = 256  # scored positions per LM-head chunk (see `Policy.logprobs_from_hidden`)
 
 
+class LoRATargetError(ValueError):
+    """LoRA ``target_modules`` that name no module of the model."""
+
+
 @dataclass
 class LoRASettings:
     """LoRA adapter settings (peft).
@@ -116,11 +120,15 @@ class Policy(nn.Module):
         if lora is not None:
             from peft import LoraConfig, get_peft_model
 
-            lm = get_peft_model(
-                lm,
-                LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                           target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
-            )
+            try:
+                lm = get_peft_model(
+                    lm,
+                    LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                               target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
+                )
+            except ValueError as exc:  # peft's NoMatchingPeftModuleError (a GGUF model: not checked before the load)
+                raise LoRATargetError(f"lora.target_modules {list(lora.target_modules)} do not match the modules of "
+                                      f"{model}: {' '.join(str(exc).split())[:200]}") from None
         self.model: Any = lm
         self.stop_token_ids = stop_token_ids(self.tokenizer)
 

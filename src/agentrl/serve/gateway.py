@@ -26,8 +26,10 @@ the uvicorn server as a task on that same loop, a handler simply awaits ``llm.ch
 ``run_coroutine_threadsafe`` and back per request, no asyncio object touched from a foreign loop, and the
 gateway's life ends with the loop's (`RolloutRuntime.close` cancels the server task, which closes its socket).
 It costs nothing in parallelism: the GIL serialises Python anyway, the engine's forward passes run in worker
-threads, and request parsing is small next to a forward pass. Agents still run where they must: an async ``run``
-on the loop (its HTTP requests are awaited, so the server keeps answering), a sync ``run`` in a worker thread.
+threads, and request parsing is small next to a forward pass (a conversation too long for the context is refused
+from its length alone, and long ones render and tokenize in a worker thread, so one request cannot hold the loop).
+Agents still run where they must: an async ``run`` on the loop (its HTTP requests are awaited, so the server keeps
+answering), a sync ``run`` in a worker thread.
 The server starts lazily, on the first episode that asks for a route, on whichever loop that episode runs on.
 """
 
@@ -35,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import secrets
@@ -44,19 +45,18 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import Depends, FastAPI, Header, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
-from starlette.exceptions import HTTPException
 
 from agentrl.agents.base import EpisodeTruncated, ReplayMismatchError
 from agentrl.agents.http_agent import EpisodeRoute
 from agentrl.agents.llm import AssistantReply, LLMClient
+from agentrl.chat.render import max_token_bytes, text_chars
 from agentrl.chat.tools import tool_call_id
 from agentrl.serve.gateway_checks import check_request
 from agentrl.serve.gateway_stream import stream_chunks
-from agentrl.serve.http_guards import BodyLimit
+from agentrl.serve.http_guards import install_guards
 from agentrl.serve.openai_protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -97,6 +97,8 @@ class TrainingGateway:
                  model_name: str = "agentrl", remember_finished: int = 100_000) -> None:
         if not 0 <= port < 65536:
             raise ValueError(f"gateway port must be in [0, 65535], got {port}")
+        if api_key is not None and not api_key.strip():
+            raise ValueError("the training gateway's api_key must be a non-empty string or None (a random key)")
         self.host, self.port = host, port
         self.api_key = api_key or secrets.token_urlsafe(24)
         self.model_name = model_name
@@ -196,6 +198,7 @@ class TrainingGateway:
         check_request(req, episode.llm.sampling)
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         shown = None if req.tool_choice == "none" else tools
+        self._check_size(episode, text_chars(req.messages) + text_chars(shown))
         conv = template_messages(episode.llm.tokenizer, req.messages, shown)
         reply = await self._turn(episode, conv, shown)
         message, finish = reply_message(reply, parse_tools=bool(shown))
@@ -218,6 +221,18 @@ class TrainingGateway:
         body = ChatCompletionResponse(model=model, choices=[choice], usage=usage,
                                       prompt_token_ids=list(turn.prompt_ids) if with_ids else None)
         return JSONResponse(body.model_dump())
+
+    @staticmethod
+    def _check_size(episode: _Episode, chars: int) -> None:
+        """A conversation that cannot fit the context whatever it tokenizes to truncates the episode at once, as a
+        full context does (`EpisodeTruncated`), before anything renders it."""
+        llm = episode.llm
+        ctx = llm.engine.max_context
+        if chars > ctx * max_token_bytes(llm.tokenizer):
+            stopped = EpisodeTruncated(f"turn {len(llm.turns)}: the messages hold {chars} characters, more than the "
+                                       f"{ctx}-token context window can hold")
+            episode.route.stopped = stopped
+            raise _stopped(stopped)
 
     async def _turn(self, episode: _Episode, conv: list[dict[str, Any]],
                     tools: list[dict[str, Any]] | None) -> AssistantReply:
@@ -277,47 +292,21 @@ def reply_message(reply: AssistantReply, *, parse_tools: bool) -> tuple[ChatMess
 def create_gateway_app(gateway: TrainingGateway) -> FastAPI:
     """The FastAPI app of ``gateway``: episode-scoped ``/v1`` routes behind the bearer key."""
     app = FastAPI(title="agentrl training gateway", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, max_bytes=16 << 20)  # as `agentrl serve`: no unbounded request bodies
-    digest = hashlib.sha256(gateway.api_key.encode()).digest()
-
-    def authorised(authorization: str | None = Header(None)) -> None:
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(hashlib.sha256(token.encode()).digest(), digest):
-            raise ServeError("Incorrect API key provided: use the api_key handed to your run function.", 401,
-                             "AuthenticationError")
-
-    @app.exception_handler(ServeError)
-    async def serve_error(_: Request, exc: ServeError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, exc.err_type, exc.status, exc.param), status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        message = f"{where}: {first.get('msg', 'invalid request')}" if where else str(first.get("msg", exc))
-        return JSONResponse(error_body(message, "BadRequestError", 400, where or None), status_code=400)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        kind = {404: "NotFoundError", 413: "RequestTooLargeError"}.get(exc.status_code, "BadRequestError")
-        message = str(exc.detail) + (" (routes are /episodes/<episode-id>/v1/...)" if exc.status_code == 404 else "")
-        return JSONResponse(error_body(message, kind, exc.status_code), status_code=exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def internal(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("gateway request failed")
-        return JSONResponse(error_body(f"{type(exc).__name__}: {exc}", "InternalServerError", 500), status_code=500)
+    # the same guards as `agentrl serve`: key checked before the body is read, 16 MiB limit, one error shape
+    install_guards(app, api_key=gateway.api_key, max_request_bytes=16 << 20, unauthorised=error_body(
+        "Incorrect API key provided: use the api_key handed to your run function.", "AuthenticationError", 401),
+        not_found_hint=" (routes are /episodes/<episode-id>/v1/...)")
 
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
 
-    @app.get("/episodes/{episode_id}/v1/models", dependencies=[Depends(authorised)])
+    @app.get("/episodes/{episode_id}/v1/models")
     async def models(episode_id: str) -> JSONResponse:
         gateway.episode(episode_id)
         return JSONResponse(ModelList(data=[ModelCard(id=gateway.model_name)]).model_dump())
 
-    @app.post("/episodes/{episode_id}/v1/chat/completions", dependencies=[Depends(authorised)])
+    @app.post("/episodes/{episode_id}/v1/chat/completions")
     async def chat(episode_id: str, req: ChatCompletionRequest) -> Response:
         return await gateway.chat(gateway.episode(episode_id), req)
 

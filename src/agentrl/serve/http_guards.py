@@ -15,7 +15,16 @@ way:
   ``Content-Length`` is refused before a byte of it is read, a chunked body once it passes the limit; both 413
   ``RequestTooLargeError``. A client cannot make the server buffer an unbounded body.
 * **The key guards everything but ``/health``**: the API, ``/metrics``, and the ``/docs`` and ``/openapi.json``
-  pages, which describe the API to whoever can read them.
+  pages, which describe the API to whoever can read them. It is checked before the body is read: a caller without
+  the key makes the server parse nothing.
+* **A server fault keeps the connection.** An unexpected exception is answered by `InternalErrors` (500, the
+  exception's type only, one traceback in the log) and goes no further: Starlette's outermost error middleware
+  re-raises whatever reaches it, and uvicorn then closes the kept-alive connection, failing the client's next
+  request too.
+* **Strings that are not Unicode** (lone UTF-16 surrogates, which JSON can write) are a 400 naming the field
+  (`agentrl.serve.openai_protocol.check_body`), and any message that quotes one back is escaped.
+
+`install_guards` puts all of this on an app; ``agentrl serve`` and the training gateway both use it.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from agentrl.serve.openai_protocol import error_body
+from agentrl.serve.openai_protocol import NOT_TEXT, error_body, printable
 from agentrl.serve.served_model import ServeError
 
 log = logging.getLogger("agentrl.serve")
@@ -49,9 +58,10 @@ class BearerAuth:
     """Pure ASGI middleware: every path but `OPEN_PATHS` needs ``Authorization: Bearer <key>`` (constant-time
     compare); 401 ``{"error": "Unauthorized"}`` otherwise, as vLLM answers."""
 
-    def __init__(self, app: ASGIApp, key: str) -> None:
+    def __init__(self, app: ASGIApp, key: str, answer: dict[str, Any] | None = None) -> None:
         self.app = app
         self._digest = hashlib.sha256(key.encode()).digest()
+        self._answer = answer or {"error": "Unauthorized"}
 
     def _authorised(self, scope: dict[str, Any]) -> bool:
         headers = dict(scope.get("headers") or [])
@@ -63,7 +73,7 @@ class BearerAuth:
         guarded = scope["type"] == "http" and scope.get("method") != "OPTIONS" and str(
             scope.get("path", "")) not in OPEN_PATHS
         if guarded and not self._authorised(scope):
-            await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+            await JSONResponse(self._answer, status_code=401)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
@@ -109,8 +119,51 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
+class InternalErrors:
+    """Pure ASGI middleware: an exception no handler took becomes a 500 in the OpenAI shape (its type, never its
+    message: messages can hold file-system paths), logged once with its traceback, and is not raised further, so
+    uvicorn keeps the connection open."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            log.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            if started:  # half an answer is out: nothing valid can follow it
+                return
+            body = error_body(f"internal error ({type(exc).__name__}); the server log has the details",
+                              "InternalServerError", 500)
+            await JSONResponse(body, status_code=500)(scope, receive, send)
+
+
+def install_guards(app: FastAPI, *, api_key: str | None, max_request_bytes: int,
+                   unauthorised: dict[str, Any] | None = None, not_found_hint: str = "") -> None:
+    """Everything the module docstring lists, on ``app``: the error answers, server faults that keep the
+    connection, the key (checked before the body is read; ``unauthorised`` is the 401 body) and the body limit."""
+    if api_key is not None and not api_key.strip():
+        raise ValueError("api_key must be a non-empty string or None (no authentication)")
+    install_error_handlers(app, not_found_hint=not_found_hint)
+    app.add_middleware(InternalErrors)
+    if api_key:
+        app.add_middleware(BearerAuth, key=api_key, answer=unauthorised)
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)  # outermost: before the key check reads anything
+
+
 def _client_error(request: Request, status: int, message: str, err_type: str, param: str | None) -> JSONResponse:
-    log.info("%s %s -> %d %s: %s", request.method, request.url.path, status, err_type, message)
+    log.info("%s %s -> %d %s: %s", request.method, request.url.path, status, err_type, printable(message))
     return JSONResponse(error_body(message, err_type, status, param), status_code=status)
 
 
@@ -119,6 +172,8 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     first = exc.errors()[0] if exc.errors() else {}
     if first.get("type") == "json_invalid":  # its loc holds a byte offset, not a field
         return f"the request body is not valid JSON: {(first.get('ctx') or {}).get('error', 'decode error')}", None
+    if first.get("type") == NOT_TEXT:  # raised for the whole body: the field is in the context
+        return str(first.get("msg")), str((first.get("ctx") or {}).get("field")) or None
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
     msg = str(first.get("msg", "invalid request"))
     return (f"{where}: {msg}" if where else msg), where or None
@@ -133,8 +188,9 @@ def _http_message(exc: HTTPException) -> str:
     return str(exc.detail)
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Answer every error with the OpenAI error JSON (see the module docstring)."""
+def install_error_handlers(app: FastAPI, *, not_found_hint: str = "") -> None:
+    """Answer every error with the OpenAI error JSON (see the module docstring); ``not_found_hint`` is added to
+    the message of an unknown route's 404. Server faults are `InternalErrors`' (added by `install_guards`)."""
 
     @app.exception_handler(ServeError)
     async def serve_error(request: Request, exc: ServeError) -> JSONResponse:
@@ -148,17 +204,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         err_type = _TYPES.get(exc.status_code, "BadRequestError" if exc.status_code < 500 else "InternalServerError")
-        return _client_error(request, exc.status_code, _http_message(exc), err_type, None)
+        hint = not_found_hint if exc.status_code == 404 else ""
+        return _client_error(request, exc.status_code, _http_message(exc) + hint, err_type, None)
 
     @app.exception_handler(ClientDisconnected)
     async def gone(_: Request, __: ClientDisconnected) -> Response:
         return Response(status_code=499)  # nobody reads it; nginx's code for "client closed request"
-
-    @app.exception_handler(Exception)
-    async def internal(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("%s %s failed", request.method, request.url.path)
-        return JSONResponse(error_body(f"internal error ({type(exc).__name__}); the server log has the details",
-                                       "InternalServerError", 500), status_code=500)
 
 
 class ClientDisconnected(Exception):  # noqa: N818 - names the event, as asyncio.CancelledError does

@@ -17,6 +17,8 @@ Validation that every OpenAI-compatible front end of agentrl shares (``agentrl s
 here, in the models, so that a malformed request is a 400 before any engine sees it:
 
 * bodies nest at most `MAX_JSON_DEPTH` levels (deeper JSON is refused before anything recurses over it);
+* every string and object key is valid Unicode: JSON can write lone UTF-16 surrogates (``"\\ud800"``), which no
+  tokenizer, template or UTF-8 encoder accepts; such a body is a 400 whose ``param`` is the field's path;
 * ``seed`` is a 64-bit signed integer and ``temperature``/``top_p`` are finite (vLLM's bounds); a temperature in
   (0, `MIN_TEMPERATURE`) is raised to `MIN_TEMPERATURE`, as vLLM does, because dividing logits by it overflows;
 * chat messages have a string ``role`` and, when given, ``tool_calls`` of the OpenAI shape
@@ -81,21 +83,89 @@ def json_depth(value: Any) -> int:
         if children is None:
             continue
         deepest = max(deepest, depth)
-        if depth <= MAX_JSON_DEPTH:  # deeper than the limit is all a caller needs to know
-            stack.extend((child, depth + 1) for child in children)
+        if depth <= MAX_JSON_DEPTH and _CONTAINERS & set(map(type, children)):  # deeper: all a caller needs to know
+            stack.extend((child, depth + 1) for child in children if type(child) in _CONTAINERS)
     return deepest
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="allow")
+_CONTAINERS = {list, dict}
+"""JSON's containers (a parsed body holds exactly these types: no subclasses). ``set(map(type, ...))`` runs in C:
+a list of millions of numbers is skipped in milliseconds instead of walked item by item."""
 
+
+def _is_text(value: str) -> bool:
+    """Whether ``value`` is valid Unicode text (JSON's ``\\ud800`` escapes give lone surrogates, which are not)."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def printable(text: str) -> str:
+    """``text`` with lone surrogates escaped (``\\ud800``), so that it can be encoded as UTF-8."""
+    return text if _is_text(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _child(path: str, key: Any) -> str:
+    return f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key)
+
+
+def first_non_text(value: Any) -> str | None:
+    """The path (``messages[0].content``, ``prompt[3]``) of the first string or object key in ``value`` that is not
+    valid Unicode (a lone UTF-16 surrogate), or None; iterative, like `json_depth` (run after it)."""
+    if isinstance(value, str):
+        return None if _is_text(value) else "body"
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        pairs = item.items() if isinstance(item, dict) else enumerate(item) if isinstance(item, list) else ()
+        kinds = set(map(type, item.values() if isinstance(item, dict) else item)) if pairs else set()
+        if isinstance(item, dict) and not all(_is_text(k) for k in item if type(k) is str):
+            return f"{path or 'body'} (a key)"
+        if not kinds & _WALKED:  # numbers, booleans, nulls only: nothing to check, nothing to walk
+            continue
+        nested = []
+        for key, child in pairs:
+            kind = type(child)
+            if kind is str and not _is_text(child):
+                return _child(path, key)
+            if kind in _CONTAINERS:
+                nested.append((child, _child(path, key)))
+        stack.extend(reversed(nested))  # the first bad field in document order
+    return None
+
+
+_WALKED = {str, list, dict}
+
+
+def check_body(data: Any) -> Any:
+    """The checks every request body passes before its fields are read: nesting depth, then valid Unicode."""
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise PydanticCustomError("too_deep", "the request body nests deeper than {limit} levels",
+                                  {"limit": MAX_JSON_DEPTH})
+    where = first_non_text(data)
+    if where is not None:
+        raise PydanticCustomError(NOT_TEXT, "{field}: the string is not valid Unicode text (it holds a lone UTF-16 "
+                                  "surrogate such as \\ud800)", {"field": where})
+    return data
+
+
+NOT_TEXT = "not_unicode_text"
+"""Pydantic error type of a string that is not valid Unicode; its ``ctx["field"]`` is the field's path."""
+
+
+class _Checked(BaseModel):
     @model_validator(mode="before")
     @classmethod
-    def _shallow(cls, data: Any) -> Any:
-        if json_depth(data) > MAX_JSON_DEPTH:
-            raise PydanticCustomError("too_deep", "the request body nests deeper than {limit} levels",
-                                      {"limit": MAX_JSON_DEPTH})
-        return data
+    def _check_body(cls, data: Any) -> Any:
+        return check_body(data)
+
+
+class _Request(_Checked):
+    model_config = ConfigDict(extra="allow")
 
 
 class SamplingFields(_Request):
@@ -207,14 +277,14 @@ class ChatCompletionRequest(SamplingFields):
         return messages
 
 
-class LoadLoRAAdapterRequest(BaseModel):
+class LoadLoRAAdapterRequest(_Checked):
     """``POST /v1/load_lora_adapter``."""
 
     lora_name: str
     lora_path: str
 
 
-class UnloadLoRAAdapterRequest(BaseModel):
+class UnloadLoRAAdapterRequest(_Checked):
     """``POST /v1/unload_lora_adapter``."""
 
     lora_name: str
@@ -371,5 +441,7 @@ class ChatCompletionResponse(BaseModel):
 
 
 def error_body(message: str, err_type: str, code: int, param: str | None = None) -> dict[str, Any]:
-    """The vLLM/OpenAI error JSON: ``{"error": {"message", "type", "param", "code"}}``."""
+    """The vLLM/OpenAI error JSON: ``{"error": {"message", "type", "param", "code"}}``; text that is not valid
+    Unicode (a request's own lone surrogates, quoted back) is escaped, so the answer can always be encoded."""
+    message, param = printable(message), None if param is None else printable(param)
     return ErrorResponse(error=ErrorInfo(message=message, type=err_type, param=param, code=code)).model_dump()

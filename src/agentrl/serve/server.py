@@ -14,7 +14,9 @@ request and response shapes (`agentrl.serve.openai_protocol`):
   served model (``--lora-rank``); one adapter is resident at a time, loaded only from inside
   ``--lora-modules-root`` (see `agentrl.serve.served_model`).
 
-The engine runs on the server's event loop; forward passes run in worker threads. A completion whose client
+The engine runs on the server's event loop; forward passes, chat rendering and tokenizing run in worker threads,
+after the prompt's size is checked from its length (`MAX_SEQUENCES` caps prompts × ``n``), so that one request
+cannot hold the loop. A completion whose client
 disconnects is cancelled and leaves the decode batch. The server binds 127.0.0.1 unless told otherwise; with
 ``--api-key`` (or ``AGENTRL_API_KEY``) every request but ``/health`` needs ``Authorization: Bearer <key>`` (401
 ``{"error": "Unauthorized"}`` otherwise, as vLLM answers), the ``/docs`` and ``/openapi.json`` pages included.
@@ -33,15 +35,16 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from agentrl.chat.render import max_token_bytes, text_chars
 from agentrl.chat.tools import HermesToolParser
 from agentrl.engines.vllm import API_KEY_ENV  # one name for the key on both sides of the protocol
-from agentrl.serve.http_guards import BearerAuth, BodyLimit, install_error_handlers, until_disconnected
+from agentrl.serve.http_guards import install_guards, until_disconnected
 from agentrl.serve.openai_protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -91,25 +94,63 @@ def _usage(prompts: Sequence[list[int]], gens: Sequence[Sequence[Generation]]) -
                      prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=cached))
 
 
-def _prompts(req: CompletionRequest, served: ServedModel) -> list[list[int]]:
-    """Token ids of every prompt of a completion request (text is encoded as vLLM does)."""
+MAX_SEQUENCES = 256
+"""Most sequences one request may ask for (prompts × ``n``): ``[[1]] * 10000`` with ``n: 64``, a 50 KB body, asked
+for 640,000 and held the server for minutes."""
+
+
+def _check_sequences(prompts: int, n: int) -> None:
+    if prompts * n > MAX_SEQUENCES:
+        raise ServeError(f"the request asks for {prompts} prompt(s) x n={n} = {prompts * n} sequences; agentrl serve "
+                         f"takes at most {MAX_SEQUENCES} per request (send several requests)",
+                         param="prompt" if prompts > 1 else "n")
+
+
+def _check_chars(chars: int, served: ServedModel, param: str) -> None:
+    """Refuse text that cannot fit the context whatever it tokenizes to (`max_token_bytes`), before any work."""
+    ctx, per_token = served.max_context, max_token_bytes(served.tokenizer)
+    if chars > ctx * per_token:
+        raise ServeError(f"This model's maximum context length is {ctx} tokens. However, the {param} holds {chars} "
+                         f"characters, more than {ctx} tokens can cover (at most {per_token} bytes each). Please "
+                         "reduce the length of the prompt.", param=param)
+
+
+def _check_length(ids: list[int], served: ServedModel, param: str) -> None:
+    if len(ids) > served.max_context:
+        raise ServeError(f"This model's maximum context length is {served.max_context} tokens. However, the "
+                         f"{param} has {len(ids)} tokens. Please reduce the length of the prompt.", param=param)
+
+
+async def _prompts(req: CompletionRequest, served: ServedModel) -> list[list[int]]:
+    """Token ids of every prompt of a completion request (text is encoded as vLLM does). The counts and sizes are
+    checked first, from the lengths alone; the text is encoded in a worker thread, off the event loop."""
     raw = req.prompt
     items: list[Any] = [raw] if isinstance(raw, str) or (raw and isinstance(raw[0], int)) else list(raw)
-    out = []
-    for item in items:
-        ids = (list(served.tokenizer.encode(item, add_special_tokens=req.add_special_tokens))
-               if isinstance(item, str) else list(item))
-        check_prompt_ids(ids, served.vocab_size)
-        out.append(ids)
-    if not out:
+    if not items:
         raise ServeError("Either prompt or prompt_embeds must be provided and non-empty.", param="prompt")
+    _check_sequences(len(items), req.n)
+    for item in items:
+        if isinstance(item, str):
+            _check_chars(len(item), served, "prompt")
+        else:
+            _check_length(item, served, "prompt")
+    tokenizer, special = served.tokenizer, req.add_special_tokens
+
+    def encode() -> list[list[int]]:
+        return [list(tokenizer.encode(item, add_special_tokens=special)) if isinstance(item, str) else list(item)
+                for item in items]
+
+    out = await asyncio.to_thread(encode) if any(isinstance(i, str) for i in items) else encode()
+    for ids in out:
+        _check_length(ids, served, "prompt")
+        check_prompt_ids(ids, served.vocab_size)
     return out
 
 
 async def _completions(served: ServedModel, req: CompletionRequest) -> CompletionResponse:
     served.check_model(req.model)
     _check_supported(req)
-    prompts = _prompts(req, served)
+    prompts = await _prompts(req, served)
     max_tokens = 16 if req.max_tokens is None else req.max_tokens  # vLLM: null means the default, 16
     specs = [gen_spec(req, served, len(p), max_tokens, req.logprobs or 0) for p in prompts]
     async with served.engine_for(req.model) as (engine, _base):
@@ -136,8 +177,16 @@ async def _chat(served: ServedModel, req: ChatCompletionRequest, parser: HermesT
     if choice != "none" and not tools:
         raise ServeError("When using `tool_choice`, `tools` must be set.", param="tool_choice")
     prefix = forced_prefix(choice, tools)
-    text = render_chat(served.tokenizer, req.messages, tools, req.add_generation_prompt, parser) + prefix
-    prompt = list(served.tokenizer.encode(text, add_special_tokens=False))
+    _check_sequences(1, req.n)
+    _check_chars(text_chars(req.messages) + text_chars(tools), served, "messages")
+    tokenizer = served.tokenizer
+
+    def render() -> list[int]:  # a worker thread: a long conversation renders and tokenizes off the event loop
+        text = render_chat(tokenizer, req.messages, tools, req.add_generation_prompt, parser) + prefix
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    prompt = await asyncio.to_thread(render)
+    _check_length(prompt, served, "messages")
     check_prompt_ids(prompt, served.vocab_size)
     spec = gen_spec(req, served, len(prompt), req.max_completion_tokens or req.max_tokens,
                     (req.top_logprobs or 0) if req.logprobs else 0)
@@ -241,10 +290,7 @@ def create_app(served: ServedModel, *, api_key: str | None = None, max_request_b
                 await engine.shutdown()
 
     app = FastAPI(title="agentrl serve", lifespan=lifespan)
-    if api_key:
-        app.add_middleware(BearerAuth, key=api_key)
-    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)  # outermost: before the key check reads anything
-    install_error_handlers(app)
+    install_guards(app, api_key=api_key, max_request_bytes=max_request_bytes)
     _add_routes(app, served)
     return app
 
@@ -288,7 +334,24 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     del args.model_arg
     if not args.max_request_mb > 0:
         parser.error(f"--max-request-mb must be > 0, got {args.max_request_mb}")
+    try:
+        args.api_key = resolve_api_key(args.api_key, os.environ)
+    except ValueError as exc:
+        parser.error(str(exc))
     return args
+
+
+def resolve_api_key(given: str | None, environ: Mapping[str, str]) -> str | None:
+    """The key from ``--api-key``, else from ``$AGENTRL_API_KEY``; None when neither is set. An empty (or blank)
+    key is refused: it would otherwise turn authentication off without a word."""
+    if given is not None:
+        if not given.strip():
+            raise ValueError("--api-key is empty: give a key, or leave the option out to serve without one")
+        return given
+    from_env = environ.get(API_KEY_ENV)
+    if from_env is not None and not from_env.strip():
+        raise ValueError(f"${API_KEY_ENV} is set but empty: set a key, or unset it to serve without one")
+    return from_env
 
 
 def serve_main(argv: Sequence[str]) -> int:
@@ -301,7 +364,7 @@ def serve_main(argv: Sequence[str]) -> int:
     from agentrl.models.loading import ModelLoadError
     from agentrl.models.policy import LoRASettings, Policy
 
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    api_key = args.api_key
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning("agentrl serve is listening on %s without an API key: anyone who reaches it can use it",
                     args.host)

@@ -19,10 +19,11 @@ backoff), and a store that fills mid-run crashes the run at the next metric. `ML
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,11 +37,40 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_FALLBACK_URI = "sqlite:///mlflow-fallback.db"
 
 
+def _sqlite_file(uri: str) -> str | None:
+    path = uri.removeprefix("sqlite:///").split("?")[0] if uri.startswith("sqlite:///") else ""
+    return None if path in ("", ":memory:") else path
+
+
+@contextlib.contextmanager
+def store_lock(uri: str, timeout_s: float) -> Iterator[None]:
+    """Hold ``<file>.lock`` beside a sqlite store while MLflow creates or migrates its tables and the experiment:
+    two runs started together on a fresh ``mlflow.db`` both ran the migration, and one died in it (``duplicate
+    column name``). Other stores, and a folder where no lock file can be made, go unlocked."""
+    path = _sqlite_file(uri)
+    if path is None:
+        yield
+        return
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(f"{path}.lock", timeout=max(60.0, timeout_s))
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except (Timeout, OSError):  # check_store says what is wrong with the folder; a stuck lock costs a minute
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def check_store(uri: str, timeout_s: float) -> None:
     """Raise (quickly) if the store at ``uri`` cannot be written: sqlite files and HTTP servers are checked."""
     if uri.startswith("sqlite:///"):
-        path = uri.removeprefix("sqlite:///").split("?")[0]
-        if path in ("", ":memory:"):
+        path = _sqlite_file(uri)
+        if path is None:
             return
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         con = sqlite3.connect(path, timeout=timeout_s)
@@ -95,9 +125,7 @@ class MLflowLogger(MLFlowLogger):
                  tracking_uri: str = DEFAULT_TRACKING_URI, tags: dict[str, Any] | None = None,
                  run_id: str | None = None, artifact_location: str | None = None,
                  fallback_uri: str = DEFAULT_FALLBACK_URI, timeout_s: int = 10, max_retries: int = 1) -> None:
-        if timeout_s < 1 or max_retries < 0:
-            raise ValueError(f"trainer.logger.init_args: timeout_s must be >= 1 and max_retries >= 0, got "
-                             f"{timeout_s} and {max_retries}")
+        self.check_settings(timeout_s, max_retries)
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(max_retries))
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
@@ -105,14 +133,23 @@ class MLflowLogger(MLFlowLogger):
         # MLflow caches a sqlite store per URI string: a relative one would keep writing to the first working
         # directory's file after a chdir (a second run in one process), so the paths are fixed here
         tracking_uri, fallback_uri = absolute_uri(tracking_uri), absolute_uri(fallback_uri)
-        uri = self._usable(tracking_uri, fallback_uri, timeout_s)  # MlflowClient opens a sqlite store at once
-        super().__init__(experiment_name=experiment_name, run_name=run_name, tracking_uri=uri, tags=tags,
-                         run_id=run_id if uri == tracking_uri else None, artifact_location=artifact_location)
+        with store_lock(tracking_uri, timeout_s):  # MlflowClient creates (migrates) a sqlite store at once
+            uri = self._usable(tracking_uri, fallback_uri, timeout_s)
+            super().__init__(experiment_name=experiment_name, run_name=run_name, tracking_uri=uri, tags=tags,
+                             run_id=run_id if uri == tracking_uri else None, artifact_location=artifact_location)
         self.configured_uri = tracking_uri
         self.fallback_uri = fallback_uri
         self.timeout_s = timeout_s
         self.end_status: str | None = None  # set by TrajectoryLogger: KILLED on an early stop
         self._params: dict[str, Any] = {}
+
+    @staticmethod
+    def check_settings(timeout_s: int = 10, max_retries: int = 1) -> None:
+        """The checks of the arguments, without creating anything (`agentrl.training.preflight` runs them)."""
+        if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s < 1:
+            raise ValueError(f"trainer.logger.init_args.timeout_s must be >= 1 second, got {timeout_s!r}")
+        if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
+            raise ValueError(f"trainer.logger.init_args.max_retries must be >= 0, got {max_retries!r}")
 
     # ------------------------------------------------------------------ opening the store
 
@@ -140,7 +177,8 @@ class MLflowLogger(MLFlowLogger):
     def _open(self) -> None:
         try:
             check_store(self._tracking_uri, self.timeout_s)
-            self._create_or_reopen()
+            with store_lock(self._tracking_uri, self.timeout_s):  # two runs creating one experiment: one does
+                self._create_or_reopen()
         except Exception as exc:  # the store is unusable: fall back
             self._fall_back(exc, "opening the run")
 
@@ -170,12 +208,13 @@ class MLflowLogger(MLFlowLogger):
         log.warning("MLflow store %s failed while %s (%s): logging to the local store %s from here on; training "
                     "continues", self._tracking_uri, what, _short(exc), absolute_uri(self.fallback_uri))
         self._tracking_uri = self.fallback_uri
-        self._mlflow_client = MlflowClient(self.fallback_uri)
         self._run_id = self._experiment_id = None
         self._initialized = False
         try:
             check_store(self.fallback_uri, self.timeout_s)
-            MLFlowLogger.experiment.fget(self)  # type: ignore[attr-defined]
+            with store_lock(self.fallback_uri, self.timeout_s):
+                self._mlflow_client = MlflowClient(self.fallback_uri)
+                MLFlowLogger.experiment.fget(self)  # type: ignore[attr-defined]
             if self._params:
                 super().log_hyperparams(self._params)
         except Exception as again:

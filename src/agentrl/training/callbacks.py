@@ -19,7 +19,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from agentrl.runview import run_view
-from agentrl.training.checkpoint_io import AtomicCheckpointIO
+from agentrl.training.checkpoint_io import AtomicCheckpointIO, remove_stale_partials
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,8 @@ class RLCheckpoint(ModelCheckpoint):
     def __init__(self, dirpath: str = "checkpoints", every_n_steps: int = 10, keep_steps: bool = False) -> None:
         if every_n_steps < 0:
             raise ValueError(f"checkpoint.every_n_steps must be >= 0, got {every_n_steps}")
+        if Path(dirpath).exists() and not Path(dirpath).is_dir():
+            raise ValueError(f"checkpoint.dirpath must be a folder, got {dirpath!r}, which is a file")
         super().__init__(dirpath=dirpath, save_last=True, save_top_k=0, every_n_train_steps=0,
                          save_on_train_epoch_end=False)
         self.every_n_steps = every_n_steps
@@ -53,6 +55,11 @@ class RLCheckpoint(ModelCheckpoint):
         super().setup(trainer, pl_module, stage)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's own CheckpointIO is left alone
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        if trainer.is_global_zero and self.dirpath is not None:
+            removed = remove_stale_partials(Path(self.dirpath))
+            if removed:
+                log.warning("removed %d stale partial checkpoint file(s) in %s, left by a write that was killed: %s",
+                            len(removed), self.dirpath, ", ".join(p.name for p in removed))
 
     def save_now(self, trainer: pl.Trainer, step: int) -> Path:
         assert self.dirpath is not None

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import tempfile
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -26,8 +28,26 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 PARTIAL_SUFFIX = ".partial"  # not ``.ckpt``: an unfinished file is never taken for a checkpoint (``--ckpt_path last``)
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be loaded; the one-line message names it and the newest loadable
+    ``step-*.ckpt`` beside it."""
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """`TorchCheckpointIO` whose local writes are atomic: temp file beside the target, fsync, ``os.replace``."""
+    """`TorchCheckpointIO` whose local writes are atomic: temp file beside the target, fsync, ``os.replace``; a
+    local file that cannot be loaded raises `CheckpointError` instead of torch's traceback."""
+
+    def load_checkpoint(self, path: _PATH, map_location: Any | None = None,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        try:
+            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        except FileNotFoundError:
+            raise
+        except Exception:
+            if not _is_local_file_protocol(path):
+                raise
+            check_checkpoint(Path(path))
+            raise
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         if storage_options is not None or not _is_local_file_protocol(path) or str(path).startswith("file:"):
@@ -82,6 +102,59 @@ def write_atomically(target: Path, data: bytes | memoryview | Callable[[BinaryIO
         tmp.unlink(missing_ok=True)
         raise
     _fsync_folder(target.parent)
+
+
+def unreadable_reason(path: Path) -> str | None:
+    """Why ``path`` cannot be loaded with ``torch.load(weights_only=True)`` (None when it can). Never quotes torch's
+    message: for a planted pickle it suggests ``weights_only=False``, which would run the planted code."""
+    try:
+        if path.stat().st_size == 0:
+            return "is empty"
+        if not zipfile.is_zipfile(path):
+            return "is not a torch checkpoint (no zip archive: truncated, zeroed or overwritten)"
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or type(exc).__name__})"
+    except pickle.UnpicklingError:
+        return ("holds pickled objects that safe loading refuses: agentrl never writes those, so the file was "
+                "replaced or tampered with; do not load it")
+    except Exception as exc:  # a damaged archive: torch's own message adds nothing a user can act on
+        return f"is damaged and cannot be loaded ({type(exc).__name__})"
+    return None
+
+
+def newest_loadable(folder: Path, skip: Path | None = None) -> Path | None:
+    """The ``step-*.ckpt`` in ``folder`` with the highest step that loads (``skip`` aside)."""
+    for candidate in sorted(folder.glob("step-*.ckpt"), reverse=True):  # zero-padded: names sort by step
+        if (skip is None or candidate.resolve() != skip.resolve()) and unreadable_reason(candidate) is None:
+            return candidate
+    return None
+
+
+def check_checkpoint(path: Path) -> None:
+    """Raise `CheckpointError` (one line: the file, why, and the newest loadable step checkpoint beside it) when
+    ``path`` cannot be loaded."""
+    reason = unreadable_reason(path)
+    if reason is None:
+        return
+    best = newest_loadable(path.parent, skip=path)
+    hint = (f"the newest loadable checkpoint beside it is {best} (resume with --ckpt_path {best})" if best else
+            "no loadable step-*.ckpt beside it (checkpoint.keep_steps: true keeps them)")
+    raise CheckpointError(f"checkpoint {path} {reason}; {hint}")
+
+
+def remove_stale_partials(folder: Path) -> list[Path]:
+    """Delete the temporary files `write_atomically` leaves when its process is killed mid-write (a ``kill -9``,
+    an OOM kill: no ``except`` runs) — up to a whole checkpoint of garbage each. Called when a run starts, before
+    it writes anything; returns the files removed."""
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(folder.glob(f".*{PARTIAL_SUFFIX}")):
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed.append(path)
+    return removed
 
 
 def _fsync_folder(folder: Path) -> None:

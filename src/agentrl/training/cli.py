@@ -16,19 +16,21 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from jsonargparse import Namespace
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
+from agentrl.models.policy import LoRATargetError
 from agentrl.tracking import DEFAULT_TRACKING_URI, TrajectoryLogger, log_config, reopen_run
 from agentrl.tracking.store import logger_entries
 from agentrl.training.callbacks import GracefulStop, RLCheckpoint
+from agentrl.training.checkpoint_io import CheckpointError, check_checkpoint
 from agentrl.training.cli_errors import AgentRLArgumentParser
 from agentrl.training.datamodule import RolloutDataModule
-from agentrl.training.keys import COMMON_KEYS, normalize_argv
+from agentrl.training.keys import COMMON_KEYS, normalize_argv, parse_error_line
 from agentrl.training.module import AgentRLModule
 from agentrl.training.preflight import ConfigError, preflight
 from agentrl.training.progress import RunProgress, quiet_libraries, verbose
@@ -62,7 +64,33 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+class _OneLineErrors(LightningArgumentParser):
+    """Parse errors as one line naming the key (`parse_error_line`), without the usage dump."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:
+            super().error(message, ex)
+        print(f"agentrl fit: config error: {parse_error_line(message)} (agentrl fit --help lists the keys)",
+              file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+
 class AgentRLCLI(LightningCLI):
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        self.parser_class = _OneLineErrors
+        return super().init_parser(**kwargs)
+
+    def _parse_ckpt_path(self) -> None:
+        # Lightning reads a --ckpt_path file here, right after parsing, with torch's traceback for a damaged one
+        subcommand = self.config.get("subcommand")
+        ckpt = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt and Path(ckpt).is_file():
+            try:
+                check_checkpoint(Path(ckpt))
+            except CheckpointError as exc:
+                raise ConfigError(f"ckpt_path: {exc}") from None
+        super()._parse_ckpt_path()
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RLCheckpoint, "checkpoint")
         parser.add_lightning_class_args(TrajectoryLogger, "tracking")
@@ -197,5 +225,8 @@ def fit_main(argv: Sequence[str]) -> int:
         run_fit(argv)
     except ConfigError as exc:
         print(f"agentrl fit: config error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except (CheckpointError, LoRATargetError) as exc:  # found after the load began: still one line, no traceback
+        print(f"agentrl fit: {exc}", file=sys.stderr, flush=True)
         return 2
     return 0

@@ -174,6 +174,11 @@ class RolloutDataModule(pl.LightningDataModule):
             raise ValueError(f"data.max_failed_fraction must be in [0, 1], got {max_failed_fraction}")
         if max_turns is not None and max_turns < 1:
             raise ValueError(f"data.max_turns must be >= 1 or null, got {max_turns}")
+        unused = [name for name, value in (("eval_every", eval_every), ("eval_every_tokens", eval_every_tokens),
+                                           ("eval_greedy", eval_greedy)) if value]
+        if unused and eval_episodes == 0:
+            raise ValueError(f"data.{unused[0]} is set but data.eval_episodes is 0, so no evaluation runs: set "
+                             "data.eval_episodes > 0, or leave the eval settings unset")
         self.agent = agent
         self.tasks = tasks or SeedTasks()
         self.eval_tasks = eval_tasks or SeedTasks(offset=1_000_000, prefix="eval")

@@ -6,6 +6,7 @@ Kept free of heavy imports: ``agentrl --help`` shows `COMMON_KEYS` without loadi
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 COMMON_KEYS = """\
@@ -71,3 +72,31 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
             out.append(token)
         i += width
     return out
+
+
+_STRUCTURE = ("Parser key", "Key \"", "Does not validate", "Subtypes:", "Errors:", "Problem with given class_path",
+              "Given value", "Expected a <class 'NoneType'>", "- Expected a <class 'NoneType'>")
+
+
+def _plain_types(text: str) -> str:
+    text = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", text)
+    return re.sub(r"a typing\.Literal\[(.*)\]", r"one of \1", text)
+
+
+def parse_error_line(message: str) -> str:
+    """jsonargparse's parse error in one line, naming the key: ``model.optim.lr: expected a float, got 'fast'``
+    instead of its multi-line "Does not validate against any of the Union subtypes" dump (a typed value inside
+    an ``X | None`` field, such as ``optim``, ``sampling`` or ``lora``, is reported that way)."""
+    keys = re.findall(r'(?:Parser key|Key) "([^"]+)"', message)
+    lines = [line.strip().removeprefix("- ").strip() for line in message.splitlines()]
+    details = [line for line in lines if line and not line.startswith(_STRUCTURE)]
+    given = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Given value:")), None)
+    if details and all(d.startswith("Expected a") for d in details) and "Got value" not in details[0]:
+        types = " or ".join(_plain_types(d.removeprefix("Expected a").strip().rstrip(".")) for d in details)
+        detail = f"expected {types}" + (f", got {given!r}" if given is not None else "")
+    elif details:
+        detail = _plain_types(details[0]).replace("Expected ", "expected ", 1).replace(". Got value:", ", got")
+    else:
+        detail = " ".join(message.split())
+    where = ".".join(dict.fromkeys(keys))
+    return f"{where}: {detail}" if where else detail

@@ -19,14 +19,18 @@ raises `ConfigError` naming the key; jsonargparse's "Does not validate against a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch.loggers import Logger
 
+from agentrl.models.facts import model_context, module_names
 from agentrl.models.loading import SMOLLM2, check_model_spec
 from agentrl.models.policy import Policy
+from agentrl.training.checkpoint_io import CheckpointError, check_checkpoint
 from agentrl.training.module import AgentRLModule
 
 
@@ -92,23 +96,19 @@ def preflight(parser: ArgumentParser, config: Namespace, subcommand: str = "fit"
             raise
 
     def plan_policy(cls: type, model: str = SMOLLM2, **kwargs: Any) -> PolicyPlan:
-        try:
-            check_model_spec(model)
-        except Exception as exc:
-            errors.append(f"{exc} (key model.policy.init_args.model)")
-            raise
+        _recorded(errors, check_model_spec, model, suffix=" (key model.policy.init_args.model)")
+        _recorded(errors, check_lora_targets, model, kwargs.get("lora"))
         return PolicyPlan(model=model, uses_lora=kwargs.get("lora") is not None)
 
     def plan_module(cls: type, policy: PolicyPlan, algorithm: Any, **kwargs: Any) -> ModulePlan:
-        try:
-            AgentRLModule.check_args(policy.uses_lora, algorithm, kwargs.get("micro_batch_tokens", 4096))
-        except Exception as exc:
-            errors.append(str(exc))
-            raise
+        _recorded(errors, AgentRLModule.check_args, policy.uses_lora, algorithm, kwargs.get("micro_batch_tokens", 4096))
+        _recorded(errors, _check_peak_flops, kwargs.get("peak_flops"))
         return ModulePlan(policy=policy, algorithm=algorithm, engine=kwargs.get("engine"))
 
     def no_logger(cls: type, *args: Any, **kwargs: Any) -> None:
-        return None
+        check = getattr(cls, "check_settings", None)  # the logger's own checks, without creating its store
+        if callable(check):
+            _recorded(errors, check, **{k: v for k, v in kwargs.items() if k in ("timeout_s", "max_retries")})
 
     try:
         built = parser.instantiate(config, instantiators=[
@@ -119,16 +119,82 @@ def preflight(parser: ArgumentParser, config: Namespace, subcommand: str = "fit"
         raise ConfigError(errors[-1] if errors else str(exc)) from None
     fit = built.get(subcommand, built)
     module, data = fit.get("model"), fit.get("data")
-    if isinstance(module, ModulePlan) and hasattr(data, "configure"):
-        try:
+    try:
+        _check_trainer(config.get(subcommand, config))
+        if isinstance(module, ModulePlan) and hasattr(data, "configure"):
             _check_across(module, data)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _recorded(errors: list[str], check: Any, *args: Any, suffix: str = "", **kwargs: Any) -> None:
+    """Run ``check``; on an error, record its message (with ``suffix``) for `ConfigError` and raise it on."""
+    try:
+        check(*args, **kwargs)
+    except Exception as exc:
+        errors.append(f"{exc}{suffix}")
+        raise
 
 
 def _check_across(module: ModulePlan, data: Any) -> None:
-    """The batch holds whole groups; a vLLM engine's declared log-prob mode reports the sampling temperature."""
+    """The batch holds whole groups; a vLLM engine's declared log-prob mode reports the sampling temperature; the
+    token budget of a turn fits the model's context window."""
     data.configure(module.algorithm.episodes_per_task)
     check_sampling = getattr(module.engine, "check_sampling", None)
     if check_sampling is not None and hasattr(data, "sampling"):
         check_sampling(data.sampling)
+    sampling = getattr(data, "sampling", None)
+    context = getattr(module.engine, "max_context", None) or model_context(module.policy.model)
+    if sampling is not None and context and sampling.max_tokens >= context:
+        raise ValueError(f"data.sampling.max_tokens must be less than the model's context window ({context} tokens "
+                         f"for {module.policy.model}), got {sampling.max_tokens}")
+
+
+def _check_peak_flops(value: Any) -> None:
+    if value is not None and not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"model.peak_flops must be a positive number of FLOP/s or null (measured), got {value!r}")
+
+
+def check_lora_targets(model: str, lora: Any) -> None:
+    """LoRA ``target_modules`` (a list of names) must each name modules of the model (from its config, no weights)."""
+    targets = getattr(lora, "target_modules", None)
+    if not isinstance(targets, list | tuple):
+        return
+    names = module_names(model)
+    missing = [t for t in targets if names is not None and t not in names]
+    if missing:
+        linear = sorted(n for n in names or () if n.endswith("_proj") and "." not in n)
+        raise ValueError(f"model.policy.init_args.lora.target_modules names {missing}, which {model} does not have "
+                         f"(its projections: {', '.join(linear) or 'see the model'})")
+
+
+_RESUME_WORDS = ("last", "best", "hpc", "registry")  # Lightning's ckpt_path keywords
+
+
+def _check_trainer(fit: Any) -> None:
+    """What Lightning checks only after the model is loaded: gradient accumulation (agentrl's manual optimization
+    has its own: ``ppo.minibatch_size``, ``model.micro_batch_tokens``) and the ``--ckpt_path`` file."""
+    accumulate = fit.get("trainer.accumulate_grad_batches")
+    if accumulate not in (None, 1):
+        raise ValueError(f"trainer.accumulate_grad_batches must be 1, got {accumulate!r}: agentrl optimizes manually "
+                         "(set model.algorithm.init_args.ppo.minibatch_size or model.micro_batch_tokens instead)")
+    ckpt = fit.get("ckpt_path")
+    if ckpt is None:
+        return
+    if str(ckpt) in _RESUME_WORDS:
+        if str(ckpt) == "last":
+            last = Path(fit.get("checkpoint.dirpath") or "checkpoints") / "last.ckpt"
+            if last.is_file():
+                _checked(last)
+        return
+    if not Path(ckpt).is_file():
+        raise ValueError(f"ckpt_path: no checkpoint file {ckpt}" + (" (it is a folder)" if Path(ckpt).is_dir()
+                                                                    else ""))
+    _checked(Path(ckpt))
+
+
+def _checked(path: Path) -> None:
+    try:
+        check_checkpoint(path)
+    except CheckpointError as exc:
+        raise ValueError(f"ckpt_path: {exc}") from None

@@ -4,7 +4,7 @@ validated in ``__post_init__`` with a message that names the field and the allow
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from agentrl.algorithms.correction import CorrectionFn, truncated_is
 from agentrl.algorithms.losses import Aggregator, RatioFn, token_log_ratio, token_mean, turn_mean
@@ -16,6 +16,18 @@ AGGREGATION_UNITS: dict[Aggregator, str] = {turn_mean: "turn", token_mean: "toke
 def _check(cond: bool, field: str, expected: str, value: object) -> None:
     if not cond:
         raise ValueError(f"{field} must be {expected}, got {value!r}")
+
+
+def _check_numbers(settings: object, prefix: str) -> None:
+    """Every ``float``/``int`` field holds a number (a config can hand a dataclass the string 'inf' or 'fast'):
+    the value checks then compare numbers, and a wrong type is named like a wrong value."""
+    for f in fields(settings):  # type: ignore[arg-type]
+        kind = str(f.type).replace(" | None", "")
+        value = getattr(settings, f.name)
+        if kind in ("float", "int") and value is not None:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            _check(ok and (kind == "float" or isinstance(value, int)), f"{prefix}.{f.name}",
+                   "a number" if kind == "float" else "an integer", value)
 
 
 @dataclass
@@ -43,13 +55,16 @@ class OptimSettings:
     max_bad_updates: int = 3
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "optim")
         _check(math.isfinite(self.lr) and self.lr > 0, "optim.lr", "a positive number", self.lr)
         _check(math.isfinite(self.critic_lr) and self.critic_lr > 0, "optim.critic_lr", "a positive number",
                self.critic_lr)
         _check(self.weight_decay >= 0, "optim.weight_decay", ">= 0", self.weight_decay)
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1/beta2", "in [0, 1)", (self.beta1, self.beta2))
-        _check(self.max_grad_norm >= 0, "optim.max_grad_norm", ">= 0", self.max_grad_norm)
-        _check(self.critic_max_grad_norm >= 0, "optim.critic_max_grad_norm", ">= 0", self.critic_max_grad_norm)
+        _check(math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0, "optim.max_grad_norm",
+               "a finite number >= 0", self.max_grad_norm)
+        _check(math.isfinite(self.critic_max_grad_norm) and self.critic_max_grad_norm >= 0,
+               "optim.critic_max_grad_norm", "a finite number >= 0", self.critic_max_grad_norm)
         _check(self.max_bad_updates >= 1, "optim.max_bad_updates", ">= 1", self.max_bad_updates)
 
 
@@ -105,6 +120,7 @@ class PPOSettings:
     lr_reference_samples: int | None = None
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "ppo")
         _check(0 <= self.clip_low < 1, "ppo.clip_low", "in [0, 1)", self.clip_low)
         _check(self.clip_high >= 0, "ppo.clip_high", ">= 0", self.clip_high)
         _check(self.epochs >= 1, "ppo.epochs", ">= 1", self.epochs)
@@ -150,4 +166,5 @@ class CriticSettings:
     vf_coef: float = 1.0
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "critic")
         _check(self.vf_coef > 0, "critic.vf_coef", "> 0", self.vf_coef)
