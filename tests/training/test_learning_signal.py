@@ -9,6 +9,7 @@ import copy
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 import torch
 
 from agentrl.models.critic import TurnCritic
@@ -41,16 +42,18 @@ class StepLog(pl.Callback):
             self.lrs.append(float(optimizer.param_groups[0]["lr"]))
 
 
-def test_identical_replies_whose_advantages_cancel_take_no_optimizer_step() -> None:
+@pytest.mark.parametrize("minibatch_size", [None, 1])
+def test_identical_replies_whose_advantages_cancel_take_no_optimizer_step(minibatch_size: int | None) -> None:
     """Two samples with the same context and the same reply but returns 0 and 1 (RTPO siblings that sampled the
     same turn-k reply, here a GRPO group): advantages ±a, a gradient that cancels exactly; the old rule stepped
-    AdamW on it (momentum and a float-noise gradient normalised to full size)."""
+    AdamW on it (momentum and a float-noise gradient normalised to full size). With one row per minibatch the
+    twins land in different minibatches: the fold is over the whole update, so neither half steps either."""
     same = _trajectory(("twin",), 1, 0)
     twin = copy.deepcopy(same)
     same.turns[-1].reward, twin.turns[-1].reward = 0.0, 1.0
     trajs = [same, twin]
-    module = make_module(fixed_schedule(GRPO, [trajs], group_size=2, ppo=PPOSettings(epochs=2)),
-                         optim=OptimSettings(lr=1e-3))
+    ppo = PPOSettings(epochs=2, minibatch_size=minibatch_size)
+    module = make_module(fixed_schedule(GRPO, [trajs], group_size=2, ppo=ppo), optim=OptimSettings(lr=1e-3))
     _behaviour_from_policy(module, trajs)
     before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
     trainer = fit(module, letter_data(batch_size=2, steps=1))
@@ -59,7 +62,8 @@ def test_identical_replies_whose_advantages_cancel_take_no_optimizer_step() -> N
     assert all("step" not in opt.state[p] for g in opt.param_groups for p in g["params"])
     m = module.last_metrics
     assert m["train/zero_advantage_frac"] == 0.0  # each advantage alone is non-zero: ±1
-    assert m["train/skipped_updates"] == 2.0 and m["train/optimizer_steps"] == 0.0
+    assert m["train/skipped_updates"] == (2.0 if minibatch_size is None else 4.0)
+    assert m["train/optimizer_steps"] == 0.0
     assert m["train/informative_samples"] == 0.0
 
 

@@ -14,8 +14,9 @@ configured strength whatever the turns per trajectory.
 reference by the unit share (unit-weighted means, the loss's own scale); ``approx_kl`` and ``clipfrac``, which are
 token means, by the micro-batch's share of the minibatch's response tokens.
 
-**Signal** (`MinibatchCounts`): identical turns (same context, same reply) are one sample to the gradient, so their
-advantages are summed before asking whether the minibatch has any — two RTPO siblings that sampled the same reply
+**Signal** (`fold_identical`, `MinibatchCounts`): identical turns (same context, same reply) are one sample to the
+gradient, so each takes its fold's mean advantage (over the whole update) before anyone asks whether a minibatch has
+a signal — two RTPO siblings that sampled the same reply
 with returns 1 and 0 have advantages ±½ that cancel exactly, and an optimizer step on that would be momentum and
 weight decay only. The policy's optimizer steps only with a non-cancelled advantage (or an entropy/KL term), the
 critic's only with value targets.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
@@ -38,7 +40,7 @@ from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
 from agentrl.training.batching import Row
 from agentrl.training.settings import PPOSettings
-from agentrl.types import TurnBatch
+from agentrl.types import Turn, TurnBatch
 
 CANCELLED = 1e-9  # a folded advantage this small against the largest folded into it counts as cancelled
 
@@ -137,24 +139,56 @@ def response_tokens(rows: Sequence[Row]) -> float:
     return float(sum(len(t.response_ids) for r in rows for _, t, _ in r.turns))
 
 
-def informative_samples(rows: Sequence[Row]) -> int:
-    """Distinct trained samples whose advantage survives folding: identical turns (same context and reply) summed,
-    unit- and weight-weighted, per token for per-token advantages; a sum below `CANCELLED` × the largest term
-    folded into it counts as cancelled."""
-    folded: dict[tuple[tuple[int, ...], tuple[int, ...]], list[float]] = {}
+def _fold_key(turn: Turn) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return tuple(turn.prompt_ids), tuple(turn.response_ids)
+
+
+def fold_identical(rows: Sequence[Row]) -> list[Row]:
+    """``rows`` with every trained turn's advantage replaced by the mean over its *fold*: the turns with the same
+    context and the same reply, weighted by ``unit · weight`` (per token for per-token advantages). At ratio 1 the
+    gradient is unchanged — the fold's terms sum to the same — but a fold whose advantages cancel (below
+    `CANCELLED` × its largest term) gets exactly 0, whichever minibatches its members fall into, so no minibatch
+    steps on half of a cancelled pair."""
+    sums: dict[tuple[tuple[int, ...], tuple[int, ...]], list[float]] = {}
+    mass: defaultdict[tuple[tuple[int, ...], tuple[int, ...]], float] = defaultdict(float)
     largest: defaultdict[tuple[tuple[int, ...], tuple[int, ...]], float] = defaultdict(float)
     for r in rows:
         for _, t, tgt in r.turns:
             if not t.response_ids:
                 continue
+            key, w = _fold_key(t), tgt.unit * tgt.weight
             adv = tgt.advantage if isinstance(tgt.advantage, list) else [tgt.advantage] * len(t.response_ids)
-            terms = [a * tgt.unit * tgt.weight for a in adv]
-            key = (tuple(t.prompt_ids), tuple(t.response_ids))
-            acc = folded.setdefault(key, [0.0] * len(terms))
-            folded[key] = [x + y for x, y in zip(acc, terms, strict=True)]
-            largest[key] = max(largest[key], *(abs(x) for x in terms))
-    return sum(1 for key, acc in folded.items()
-               if largest[key] > 0 and max(abs(x) for x in acc) > CANCELLED * largest[key])
+            acc = sums.setdefault(key, [0.0] * len(adv))
+            sums[key] = [x + a * w for x, a in zip(acc, adv, strict=True)]
+            mass[key] += w
+            largest[key] = max(largest[key], *(abs(a * w) for a in adv))
+    means: dict[tuple[tuple[int, ...], tuple[int, ...]], list[float]] = {}
+    for key, acc in sums.items():
+        cancelled = largest[key] == 0 or max(abs(x) for x in acc) <= CANCELLED * largest[key]
+        means[key] = [0.0] * len(acc) if cancelled or mass[key] == 0 else [x / mass[key] for x in acc]
+    out = []
+    for r in rows:
+        turns = []
+        for k, t, tgt in r.turns:
+            folded = tgt
+            if t.response_ids:
+                mean = means[_fold_key(t)]
+                folded = replace(tgt, advantage=mean if isinstance(tgt.advantage, list) else mean[0])
+            turns.append((k, t, folded))
+        out.append(Row(r.ids, turns))
+    return out
+
+
+def informative_samples(rows: Sequence[Row]) -> int:
+    """Distinct trained samples (context and reply) with a non-zero advantage; after `fold_identical`, a
+    cancelled fold counts as none."""
+    keys = set()
+    for r in rows:
+        for _, t, tgt in r.turns:
+            adv = tgt.advantage if isinstance(tgt.advantage, list) else [tgt.advantage]
+            if t.response_ids and any(a != 0.0 for a in adv):
+                keys.add(_fold_key(t))
+    return len(keys)
 
 
 class MinibatchCounts(NamedTuple):

@@ -168,7 +168,8 @@ def _roll_up_depths(per_depth: list[dict[str, float]]) -> dict[str, float]:
     # (summed over ranks when logged), so a rank's missing depth must not change the divisor
     trained = [s for s in per_depth if s.get("train/optimizer_steps", 0.0) > 0]
     out["rtpo/trained_depths"] = float(len(trained))
-    for name in ("train/policy_loss", "train/approx_kl", "train/clipfrac", "train/entropy", "train/grad_norm"):
+    for name in ("train/policy_loss", "train/approx_kl", "train/clipfrac", "train/entropy", "train/grad_norm",
+                 "train/lr_scale"):
         if trained and any(name in s for s in trained):
             out[name] = sum(s.get(name, 0.0) for s in trained) / len(trained)
     for name in ("train/optimizer_steps", "train/skipped_updates", "train/early_stopped", "train/minibatches",

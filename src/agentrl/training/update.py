@@ -33,7 +33,7 @@ from agentrl.seeding import derive_seed
 from agentrl.training import distributed, sharding
 from agentrl.training.batching import Row, TurnKey, TurnTargets, token_counts
 from agentrl.training.mismatch import Scorer, with_old_logprobs
-from agentrl.training.objective import MinibatchCounts, informative_samples, ppo_objective
+from agentrl.training.objective import MinibatchCounts, fold_identical, informative_samples, ppo_objective
 from agentrl.training.rowplan import RowPlan
 from agentrl.training.settings import CriticSettings, OptimSettings, PPOSettings
 from agentrl.types import Trajectory
@@ -92,6 +92,7 @@ class PPOUpdate:
         most_rows = distributed.sync_max(len(rows), plan.device)
         if most_rows == 0:
             return {"train/skipped_updates": 1.0, "train/optimizer_steps": 0.0}
+        rows = fold_identical(rows)  # identical turns take their fold's mean advantage (cancelled pairs: 0)
         rows, behaviour_stats = with_old_logprobs(trajectories, rows, ppo, score_old)
         packed, unpacked = token_counts(rows)
         self._costs["packed_tokens"] += packed
