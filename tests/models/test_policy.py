@@ -124,6 +124,8 @@ def test_critic_reads_last_prompt_token(tiny_policy: Policy, shared: bool) -> No
     """V(s_n) sits at the first response token and depends only on the prompt: changing the response must
     not change it. (A critic reading the response's last token would fail this.)"""
     critic = TurnCritic(tiny_policy, shared_backbone=shared)
+    with torch.no_grad():  # a trained head (the critic starts neutral, V = 0 everywhere, which reads nothing)
+        critic.head.weight.normal_(std=tiny_policy.hidden_size**-0.5, generator=torch.Generator().manual_seed(0))
     prompt = _ids(9, seed=2)
     resp_a, resp_b = _ids(5, seed=3), _ids(5, seed=4)
     mask = torch.ones(1, 14, dtype=torch.long)

@@ -124,7 +124,10 @@ def test_every_schedule_trains_with_recompute_and_each_correction(correction: An
         module = make_module(schedule, engine=PerturbedEngineSpec())
         fit(module, letter_data(batch_size=2, steps=1))
         m = module.last_metrics
-        assert m["rollout/logprob_mismatch_kl"] > 0 and m["train/approx_kl"] < 1e-10
+        assert m["rollout/logprob_mismatch_kl"] > 0
+        # the ratio starts at 1 against the recomputed π_old; an RTPO depth whose two siblings sampled the same reply
+        # has no signal and computes no loss (the critic schedules always do: their value targets)
+        assert m["train/approx_kl"] < 1e-10 if "train/approx_kl" in m else isinstance(schedule, RTPO)
         if correction is None:
             assert "rollout/is_corrected_frac" not in m
         else:  # a tight cap (1.05) against sigma = 0.05 noise: some tokens are truncated or masked

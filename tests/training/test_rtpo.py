@@ -114,13 +114,17 @@ def test_max_depth_caps_the_sweep() -> None:
 
 def test_depth_roll_up_weights_the_correction_metrics_by_recomputed_tokens() -> None:
     deep = {"train/policy_loss": 0.3, "rollout/recomputed_tokens": 10.0, "rollout/logprob_mismatch_kl": 0.1,
-            "rollout/is_corrected_frac": 0.0, "rollout/logprob_max_abs_diff": 0.9}
+            "rollout/is_corrected_frac": 0.0, "rollout/logprob_max_abs_diff": 0.9, "train/optimizer_steps": 1.0}
     shallow = {"train/policy_loss": 0.1, "rollout/recomputed_tokens": 30.0, "rollout/logprob_mismatch_kl": 0.4,
-               "rollout/is_corrected_frac": 0.2, "rollout/logprob_max_abs_diff": 0.5}
-    no_turns: dict[str, float] = {"train/skipped_updates": 1.0}  # a depth without this rank's turns
-    out = _roll_up_depths([deep, no_turns, shallow])
+               "rollout/is_corrected_frac": 0.2, "rollout/logprob_max_abs_diff": 0.5, "train/optimizer_steps": 1.0}
+    # a depth trained on another rank only: the step decision is global, the shares here are none
+    elsewhere: dict[str, float] = {"train/optimizer_steps": 1.0, "train/skipped_updates": 0.0}
+    skipped: dict[str, float] = {"train/skipped_updates": 1.0, "train/optimizer_steps": 0.0}  # trained nowhere
+    out = _roll_up_depths([deep, elsewhere, skipped, shallow])
     assert out["rollout/recomputed_tokens"] == 40.0
     assert out["rollout/logprob_mismatch_kl"] == pytest.approx((0.1 * 10 + 0.4 * 30) / 40)  # the 40 tokens' mean
     assert out["rollout/is_corrected_frac"] == pytest.approx(0.2 * 30 / 40)
     assert out["rollout/logprob_max_abs_diff"] == 0.9
-    assert out["train/policy_loss"] == pytest.approx((0.3 + 0.0 + 0.1) / 3)  # shares: a missing depth counts 0
+    assert out["rtpo/trained_depths"] == 3.0
+    # shares over the trained depths: the one trained elsewhere counts 0 here, the skipped one not at all
+    assert out["train/policy_loss"] == pytest.approx((0.3 + 0.0 + 0.1) / 3)

@@ -47,5 +47,6 @@ def test_the_config_names_the_agent_by_dotted_path_and_a_bad_one_is_refused(
         fit_main(["--config", config, "--data.agent.init_args.reward", "my_project.rewards.missing", "--print_config"])
     assert bad.value.code == 2
     err = capsys.readouterr().err
-    assert err.splitlines()[0] == ("agentrl fit: config error: data.agent.init_args.reward: cannot import "
-                                   "my_project.rewards.missing (No module named 'my_project')"), err
+    assert err.splitlines()[0] == (
+        "agentrl fit: config error: data.agent.init_args.reward: cannot import my_project.rewards.missing (No module "
+        "named 'my_project') (agentrl fit --help lists the keys)"), err

@@ -16,7 +16,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from jsonargparse import Namespace
 from lightning.pytorch import LightningModule, Trainer
@@ -30,7 +30,7 @@ from agentrl.training.callbacks import GracefulStop, RLCheckpoint
 from agentrl.training.checkpoint_io import CheckpointError, check_checkpoint
 from agentrl.training.cli_errors import AgentRLArgumentParser
 from agentrl.training.datamodule import RolloutDataModule
-from agentrl.training.keys import COMMON_KEYS, normalize_argv, parse_error_line
+from agentrl.training.keys import COMMON_KEYS, normalize_argv
 from agentrl.training.module import AgentRLModule
 from agentrl.training.preflight import ConfigError, preflight
 from agentrl.training.progress import RunProgress, quiet_libraries, verbose
@@ -64,22 +64,7 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-class _OneLineErrors(LightningArgumentParser):
-    """Parse errors as one line naming the key (`parse_error_line`), without the usage dump."""
-
-    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        if not self.exit_on_error:
-            super().error(message, ex)
-        print(f"agentrl fit: config error: {parse_error_line(message)} (agentrl fit --help lists the keys)",
-              file=sys.stderr, flush=True)
-        raise SystemExit(2)
-
-
 class AgentRLCLI(LightningCLI):
-    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
-        self.parser_class = _OneLineErrors
-        return super().init_parser(**kwargs)
-
     def _parse_ckpt_path(self) -> None:
         # Lightning reads a --ckpt_path file here, right after parsing, with torch's traceback for a damaged one
         subcommand = self.config.get("subcommand")

@@ -9,8 +9,9 @@ errors (`agentrl.training.preflight`):
     agentrl fit: config error: data.steps: expected int, got 'many'
     agentrl fit: config error: unknown key model.optim.lrr (did you mean model.optim.lr?)
 
-plus one line pointing at ``--help`` (the full usage). Messages it does not recognise are kept whole, without the
-usage. ``JSONARGPARSE_DEBUG=1`` keeps jsonargparse's own behaviour (the exception with its traceback).
+each ending with a pointer to ``--help`` (the full usage). jsonargparse's Union dumps it does not recognise are
+made one line by `agentrl.training.keys.parse_error_line`. ``JSONARGPARSE_DEBUG=1`` keeps jsonargparse's own
+behaviour (the exception with its traceback).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any, NoReturn
 
 from jsonargparse import ArgumentParser
 from lightning.pytorch.cli import LightningArgumentParser
+
+from agentrl.training.keys import parse_error_line
 
 _PARSER_KEY = re.compile(r'^\s*(?:- )?Parser key "([^"]+)":')
 _CLASS_PATH = re.compile(r"^\s*(?:- )?Problem with given class_path '([^']+)':")
@@ -128,7 +131,7 @@ def short_error(message: str, parser: Any) -> str:
         return "; ".join(_required(k.strip().removeprefix("fit.")) for k in m.group(1).split(","))
     if m := _NOT_AN_OPTION.search(text):  # an unknown key in a config file
         return f"unknown key {m.group(1)}{_did_you_mean(m.group(1), parser_keys(parser))}"
-    return _nested(text) or text
+    return _nested(text) or parse_error_line(text)
 
 
 class AgentRLArgumentParser(LightningArgumentParser):
@@ -140,8 +143,8 @@ class AgentRLArgumentParser(LightningArgumentParser):
         if not self.exit_on_error or debug_mode_active():
             super().error(message, ex)
         root = _root(self)
-        sys.stderr.write(f"agentrl fit: config error: {short_error(message, root)}\n"
-                         "  (agentrl fit --help lists every key)\n")
+        sys.stderr.write(f"agentrl fit: config error: {short_error(message, root)} (agentrl fit --help lists the "
+                         "keys)\n")
         self.exit(2)
 
 
