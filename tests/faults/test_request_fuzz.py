@@ -24,10 +24,7 @@ import http.client
 import json
 import os
 import threading
-import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,6 +33,7 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.health import health_watch
 from tests.support.server import Server
 
 SERVE_EXAMPLES = int(os.environ.get("FUZZ_SERVE_EXAMPLES", "500"))
@@ -216,32 +214,6 @@ def check(client: KeptAlive, path: str, body: Any) -> None:
     if status != 200:
         error = json.loads(data)["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["code"] == status, data[:500]
-
-
-@contextmanager
-def health_watch(url: str, every: float = 0.1) -> Iterator[list[float]]:
-    """Poll ``url/health`` on its own connection while the block runs; yields the latencies (a failed poll: inf)."""
-    latencies: list[float] = []
-    done = threading.Event()
-
-    def poll() -> None:
-        with httpx.Client(timeout=30) as client:
-            while not done.is_set():
-                began = time.perf_counter()
-                try:
-                    ok = client.get(url + "/health").status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                latencies.append(time.perf_counter() - began if ok else float("inf"))
-                done.wait(every)
-
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
-    try:
-        yield latencies
-    finally:
-        done.set()
-        thread.join(30)
 
 
 def _assert_healthy(tally: Tally, latencies: list[float], target: str, minimum: int) -> None:

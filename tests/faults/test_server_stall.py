@@ -9,43 +9,15 @@ at once, while ``/health`` keeps answering within a second (polled the whole tim
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx
 
 from tests.faults.conftest import is_openai_error
+from tests.support.health import health_watch
 from tests.support.server import Server
 
 HUGE = "a" * (15 << 20)  # 15 MiB: under the 16 MiB body limit, far over any context
-
-
-@contextmanager
-def health_watch(server: Server, every: float = 0.05) -> Iterator[list[float]]:
-    """Poll ``/health`` while the block runs; yields the list of latencies (a poll that fails counts as inf)."""
-    latencies: list[float] = []
-    done = threading.Event()
-
-    def poll() -> None:
-        with httpx.Client(timeout=30) as client:
-            while not done.is_set():
-                start = time.perf_counter()
-                try:
-                    ok = client.get(server.url + "/health").status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                latencies.append(time.perf_counter() - start if ok else float("inf"))
-                time.sleep(every)
-
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
-    try:
-        yield latencies
-    finally:
-        done.set()
-        thread.join(30)
 
 
 def test_health_answers_while_a_huge_prompt_and_a_huge_fan_out_are_refused(victim: Server) -> None:
@@ -59,7 +31,7 @@ def test_health_answers_while_a_huge_prompt_and_a_huge_fan_out_are_refused(victi
         ("/v1/completions", {"prompt": [[1, 2]] * 300, "max_tokens": 1}, "prompt"),
     ]
     answers = []
-    with health_watch(victim) as latencies, httpx.Client(timeout=300, headers=victim.headers) as client:
+    with health_watch(victim.url, every=0.05) as latencies, httpx.Client(timeout=300, headers=victim.headers) as client:
         time.sleep(0.3)
         for path, body, _ in cases:
             began = time.perf_counter()
