@@ -21,6 +21,7 @@ from agentrl.types import Trajectory
 from tests.training.exactness_run import _trajectory, fixed_schedule
 from tests.training.helpers import fit, letter_data, make_module
 from tests.training.test_evaluation import Recorder
+from tests.training.test_update_rules import _tied_groups
 
 
 def _behaviour_from_policy(module: Any, trajs: list[Trajectory]) -> None:
@@ -184,14 +185,8 @@ def test_target_kl_stops_the_update_at_the_first_minibatch_over_it() -> None:
 def test_the_learning_rate_scales_with_the_informative_samples_of_an_update() -> None:
     """Three informative turns (two tied groups, one untied: its trajectories have 1 and 2 turns) against a
     reference of 12: the policy steps at lr · 3/12; without a reference at lr."""
-    trajs = []
-    for g in range(2):
-        for j in range(2):
-            t = _trajectory(("lr", g, j), 1 + j, g)
-            for turn in t.turns:
-                turn.reward = 0.0
-            t.turns[-1].reward = float(j) if g == 1 else 0.5
-            trajs.append(t)
+    trajs = _tied_groups()
+    trajs[3].turns[-1].reward = 1.0  # group 1 untied: returns 0.5 and 1.0
     seen = {}
     for reference in (None, 12):
         batch = copy.deepcopy(trajs)
