@@ -32,4 +32,11 @@ packages=(-e ".[dev,openai-agents]")
 site=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 # a few packages ship sources for other Python versions or templates that do not compile; they are never imported
 python -m compileall -q -j 0 "$site" > /dev/null 2>&1 || true
-echo "agentrl installed: $(agentrl --version)"
+# uv writes console scripts into the interpreter's bin folder but, unlike pip, does not run pyenv's rehash hook:
+# under a pyenv interpreter (no venv) `agentrl`, `ruff` and `mypy` would not be on PATH on a fresh machine.
+if [ -z "${VIRTUAL_ENV:-}" ] && command -v pyenv > /dev/null 2>&1; then pyenv rehash; fi
+if ! version=$(agentrl --version 2>&1); then
+  echo "agentrl is installed in $python_exe but its console script is not on PATH: add $(dirname "$python_exe") to PATH" >&2
+  exit 1
+fi
+echo "agentrl installed: $version"
