@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
+from learning_sweep import DEFAULT_LRS, NO_EVAL, SWEEP_SEEDS, chosen_lr, lr_name, report_sweep, sweep_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "learning"
@@ -84,10 +86,28 @@ def overrides(env: str, schedule: str, seed: int, folder: Path, tracking_uri: st
     }
 
 
-def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace) -> dict[str, Any] | None:
-    folder = cell_dir(args.out, env, schedule, seed)
+def cell_folder(out: Path, env: str, schedule: str, seed: int, lr: float | None, sweep: bool) -> Path:
+    return sweep_dir(out, env, schedule, lr, seed) if sweep and lr is not None else cell_dir(out, env, schedule, seed)
+
+
+def config_value(env: str, schedule: str, *keys: str) -> Any:
+    """A setting as the cell's configs give it (the schedule's file over the environment's), None when unset."""
+    value = None
+    for path in (CONFIGS / f"{env}.yaml", CONFIGS / "schedules" / f"{schedule}.yaml"):
+        node: Any = yaml.safe_load(path.read_text())
+        for key in keys:
+            node = node.get(key) if isinstance(node, dict) else None
+        value = node if node is not None else value
+    return value
+
+
+def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr: float | None = None,
+             sweep: bool = False) -> dict[str, Any] | None:
+    """One cell; ``lr`` overrides the configs' policy learning rate, ``sweep`` plays no held-out games."""
+    folder = cell_folder(args.out, env, schedule, seed, lr, sweep)
+    name = f"{env}/{schedule}/{lr_name(lr)}/seed{seed}" if sweep and lr is not None else f"{env}/{schedule}/seed{seed}"
     if (folder / "summary.json").exists():
-        print(f"[learning] {env}/{schedule}/seed{seed}: finished earlier, skipped", flush=True)
+        print(f"[learning] {name}: finished earlier, skipped", flush=True)
         return json.loads((folder / "summary.json").read_text())
     if folder.exists():
         shutil.rmtree(folder)  # a partial cell from an interrupted sitting: start it again
@@ -95,11 +115,19 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace) -> di
     scratch = args.scratch / env / schedule / f"seed{seed}"
     shutil.rmtree(scratch, ignore_errors=True)
     cell = overrides(env, schedule, seed, folder, args.tracking_uri, scratch)
+    if sweep:
+        cell["data"].update(NO_EVAL)  # the choice never looks at the held-out games
+    if lr is not None:
+        mlflow_args = cell["trainer"]["logger"][1]["init_args"]
+        mlflow_args["tags"] |= {"lr": f"{lr:g}", "lr_source": "sweep" if sweep else "chosen by the sweep"}
+        mlflow_args["run_name"] += f"-{lr_name(lr)}" if sweep else ""
+        critic_lr = config_value(env, schedule, "model", "optim", "critic_lr")  # stated, not left to a merge
+        cell["model"]["optim"] = {"lr": lr} | ({"critic_lr": critic_lr} if critic_lr is not None else {})
     (folder / "overrides.json").write_text(json.dumps(cell, indent=1))
     cmd = [sys.executable, "-m", "agentrl", "fit", "--config", str(CONFIGS / f"{env}.yaml"),
            "--config", str(CONFIGS / "schedules" / f"{schedule}.yaml"), "--config", str(folder / "overrides.json"),
            *args.extra]
-    print(f"[learning] {env}/{schedule}/seed{seed}: running", flush=True)
+    print(f"[learning] {name}: running", flush=True)
     start = time.perf_counter()
     cpu_start = _children_cpu()
     with open(folder / "log.txt", "w") as log:
@@ -115,13 +143,20 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace) -> di
     shutil.rmtree(scratch, ignore_errors=True)
     if rc != 0:
         why = "timed out" if rc is None else f"exit status {rc}"
-        print(f"[learning] {env}/{schedule}/seed{seed}: FAILED ({why}) after {wall:.0f} s; see {folder / 'log.txt'}",
+        print(f"[learning] {name}: FAILED ({why}) after {wall:.0f} s; see {folder / 'log.txt'}",
               flush=True)
         return None
-    summary = summarize(folder / "metrics.csv", env, schedule, seed, wall, cpu)
+    summary = summarize(folder / "metrics.csv", env, schedule, seed, wall, cpu, need_evals=not sweep)
+    summary["lr"] = lr if lr is not None else config_value(env, schedule, "model", "optim", "lr")
+    summary["lr_source"] = "sweep" if sweep else ("chosen by the sweep" if lr is not None else "config")
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    if sweep:
+        print(f"[learning] {name}: done in {wall / 60:.1f} min ({cpu / 60:.1f} CPU-min), "
+              f"{summary['generated_tokens']} tokens, training success by step "
+              f"{[round(t['success'] or 0.0, 2) for t in summary['train']]}", flush=True)
+        return summary
     fin = summary["evals"][-1]
-    print(f"[learning] {env}/{schedule}/seed{seed}: done in {wall / 60:.1f} min ({cpu / 60:.1f} CPU-min), "
+    print(f"[learning] {name}: done in {wall / 60:.1f} min ({cpu / 60:.1f} CPU-min), "
           f"{summary['generated_tokens']} tokens, "
           f"held-out success {summary['evals'][0]['success']:.3f} -> {fin['success']:.3f} "
           f"(greedy {fin['greedy_success']:.3f})", flush=True)
@@ -139,7 +174,8 @@ def _num(value: str | None) -> float | None:
     return float(value) if value not in (None, "") else None
 
 
-def summarize(metrics_csv: Path, env: str, schedule: str, seed: int, wall: float, cpu: float) -> dict[str, Any]:
+def summarize(metrics_csv: Path, env: str, schedule: str, seed: int, wall: float, cpu: float, *,
+              need_evals: bool = True) -> dict[str, Any]:
     """The cell's curve: training steps (tokens, rollout success) and evaluations (tokens, held-out success)."""
     rows = list(csv.DictReader(metrics_csv.open()))
     steps, evals = [], []
@@ -152,7 +188,7 @@ def summarize(metrics_csv: Path, env: str, schedule: str, seed: int, wall: float
             evals.append({"tokens": int(float(r["eval/generated_tokens"])), "success": _num(r["eval/success"]),
                           "reward": _num(r.get("eval/reward")), "greedy_success": _num(r.get("eval/greedy_success")),
                           "greedy_reward": _num(r.get("eval/greedy_reward")), "episodes": _num(r.get("eval/episodes"))})
-    if not evals or not steps:
+    if not steps or (need_evals and not evals):
         raise RuntimeError(f"{metrics_csv}: no evaluations or no steps logged")
     return {"env": env, "schedule": schedule, "seed": seed, "wall_seconds": wall, "cpu_seconds": cpu,
             "train_seconds": sum(s["seconds"] or 0.0 for s in steps), "steps": len(steps),
@@ -164,7 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--env", nargs="+", default=["guess"], choices=sorted(x.stem for x in CONFIGS.glob("*.yaml")))
     p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--seeds", nargs="+", type=int, default=None,
+                   help=f"run seeds (default 0 1 2; with --lrs the sweep seeds {' '.join(map(str, SWEEP_SEEDS))})")
+    p.add_argument("--lrs", nargs="*", type=float, default=None,
+                   help="sweep these policy learning rates (the protocol of benchmarks/learning_sweep.py; no held-out "
+                        f"games); --lrs alone sweeps {' '.join(f'{x:g}' for x in DEFAULT_LRS)}")
+    p.add_argument("--lr-from-sweep", action="store_true",
+                   help="run each schedule at the learning rate its sweep chose (<out>/sweep/<env>/chosen.json)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
     p.add_argument("--scratch", type=Path, default=ROOT / "checkpoints" / "learning",
                    help="checkpoints of running cells (deleted when a cell ends)")
@@ -175,25 +217,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("extra", nargs="*", help="more `agentrl fit` arguments after --, e.g. "
                    "-- --model.policy.init_args.model tiny-random")
     args = p.parse_args(argv)
+    sweeping = args.lrs is not None
+    lrs = list(args.lrs or DEFAULT_LRS) if sweeping else [None]
+    if args.seeds is None:
+        args.seeds = list(SWEEP_SEEDS) if sweeping else [0, 1, 2]
+    if sweeping and args.lr_from_sweep:
+        p.error("--lrs (run the sweep) and --lr-from-sweep (use its choice) are two different invocations")
     args.out = args.out.resolve()
+    if args.lr_from_sweep:  # every schedule's choice is known before the first cell runs
+        for env in args.env:
+            for schedule in args.schedules:
+                chosen_lr(args.out, env, schedule)
     args.scratch = args.scratch.resolve()
     failed = 0
     if not args.report:
-        todo = [(e, s, k) for e in args.env for k in args.seeds for s in args.schedules]  # seed by seed
+        todo = [(e, s, k, lr) for e in args.env for k in args.seeds for lr in lrs for s in args.schedules]
         ran = 0
-        for env, schedule, seed in todo:
-            if (cell_dir(args.out, env, schedule, seed) / "summary.json").exists():
-                run_cell(env, schedule, seed, args)
+        for env, schedule, seed, swept in todo:
+            lr = chosen_lr(args.out, env, schedule) if args.lr_from_sweep else swept
+            if (cell_folder(args.out, env, schedule, seed, lr, sweeping) / "summary.json").exists():
+                run_cell(env, schedule, seed, args, lr=lr, sweep=sweeping)
                 continue
             if args.max_cells is not None and ran >= args.max_cells:
                 break
             ensure_warmup(env, args.out)
             ran += 1
-            failed += run_cell(env, schedule, seed, args) is None
+            failed += run_cell(env, schedule, seed, args, lr=lr, sweep=sweeping) is None
     from learning_report import report  # the figures and the table (benchmarks/learning_report.py)
 
     for env in args.env:
-        report(args.out, env, args.schedules, args.seeds, TARGETS.get(env, 0.5))
+        if sweeping:
+            budget = int(config_value(env, args.schedules[0], "data", "max_generated_tokens"))
+            report_sweep(args.out, env, args.schedules, [x for x in lrs if x is not None], args.seeds, budget)
+        else:
+            report(args.out, env, args.schedules, args.seeds, TARGETS.get(env, 0.5))
     return 1 if failed else 0
 
 

@@ -1,0 +1,95 @@
+"""The learning-rate protocol of the learning benchmark: one small sweep per (environment, schedule), chosen on
+training rollouts, never on the held-out games the benchmark reports.
+
+Protocol (issue 26; docs/benchmarks.md "Learning-rate protocol"):
+
+* For each environment and schedule, the policy learning rate is swept over ``--lrs`` (by default 5e-6, 1e-5,
+  2e-5) on the *sweep seeds* (by default seed 10, never one of the reported cells' seeds 0-2). The critic's
+  learning rate stays at the environment config's value (5e-5): the sweep is over the policy's step only.
+* A sweep cell is an ordinary cell of `benchmarks/learning.py` at that learning rate, to the same generated-token
+  budget, with the held-out evaluation switched off (``data.eval_episodes 0``): the held-out games are not looked
+  at while choosing.
+* Score of a cell: the mean training-rollout success (``rollout/success``) over the steps in the second half of
+  the token budget (tokens sampled > budget / 2) — where a learning rate has had time to help or to hurt. Score of
+  a learning rate: the mean over the sweep seeds. The chosen learning rate is the best score; a tie (within 1e-9)
+  goes to the smaller learning rate.
+* The reported cells (`learning.py --lr-from-sweep`) then run at the chosen learning rate, which each cell's
+  ``summary.json`` records.
+
+Sweep cells live in ``<out>/sweep/<env>/<schedule>/lr<lr>/seed<k>/``; ``<out>/sweep/<env>/chosen.json`` and
+``sweep.md`` hold the scores and the choice.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+DEFAULT_LRS = (5.0e-6, 1.0e-5, 2.0e-5)
+SWEEP_SEEDS = (10,)
+NO_EVAL = {"eval_episodes": 0, "eval_every_tokens": 0, "eval_every": 0, "eval_greedy": False}
+
+
+def lr_name(lr: float) -> str:
+    return f"lr{lr:g}"
+
+
+def sweep_dir(out: Path, env: str, schedule: str, lr: float, seed: int) -> Path:
+    return out / "sweep" / env / schedule / lr_name(lr) / f"seed{seed}"
+
+
+def cell_score(summary: dict[str, Any], budget: int) -> float:
+    """Mean training-rollout success over the steps that ended past half the token budget."""
+    late = [s["success"] for s in summary["train"] if s["tokens"] > budget / 2 and s["success"] is not None]
+    if not late:  # a run whose first step already passed half the budget: its last step
+        late = [summary["train"][-1]["success"] or 0.0]
+    return statistics.fmean(late)
+
+
+def choose(scores: dict[float, float]) -> float:
+    """The learning rate with the best score; ties to the smaller one."""
+    best = max(scores.values())
+    return min(lr for lr, s in scores.items() if s >= best - 1e-9)
+
+
+def report_sweep(out: Path, env: str, schedules: list[str], lrs: list[float], seeds: list[int],
+                 budget: int) -> dict[str, Any]:
+    """Score the finished sweep cells, choose a learning rate per schedule, write chosen.json and sweep.md."""
+    chosen: dict[str, Any] = {}
+    lines = [f"# Learning-rate sweep: {env} (policy lr; score = mean training-rollout success over the steps past "
+             f"{budget // 2} of {budget} tokens; seeds {', '.join(map(str, seeds))}; held-out games not played)", "",
+             "| schedule | " + " | ".join(lr_name(lr) for lr in lrs) + " | chosen |",
+             "|---|" + "---|" * (len(lrs) + 1)]
+    for schedule in schedules:
+        per_lr: dict[float, list[float]] = {}
+        for lr in lrs:
+            for seed in seeds:
+                f = sweep_dir(out, env, schedule, lr, seed) / "summary.json"
+                if f.exists():
+                    per_lr.setdefault(lr, []).append(cell_score(json.loads(f.read_text()), budget))
+        complete = {lr: statistics.fmean(v) for lr, v in per_lr.items() if len(v) == len(seeds)}
+        cells = " | ".join(f"{complete[lr]:.3f}" if lr in complete else "—" for lr in lrs)
+        if len(complete) == len(lrs):
+            lr = choose(complete)
+            chosen[schedule] = {"lr": lr, "scores": {lr_name(k): v for k, v in complete.items()}, "seeds": seeds}
+            lines.append(f"| {schedule} | {cells} | {lr:g} |")
+        else:
+            lines.append(f"| {schedule} | {cells} | (sweep unfinished) |")
+    folder = out / "sweep" / env
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "chosen.json").write_text(json.dumps(chosen, indent=1))
+    (folder / "sweep.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    return chosen
+
+
+def chosen_lr(out: Path, env: str, schedule: str) -> float:
+    """The learning rate the sweep chose for (env, schedule); a clear error when the sweep has not chosen one."""
+    f = out / "sweep" / env / "chosen.json"
+    chosen = json.loads(f.read_text()) if f.exists() else {}
+    if schedule not in chosen:
+        raise SystemExit(f"--lr-from-sweep: no learning rate chosen for {env}/{schedule} in {f}; run the sweep "
+                         f"first: python benchmarks/learning.py --env {env} --schedules {schedule} --lrs ...")
+    return float(chosen[schedule]["lr"])

@@ -1,0 +1,52 @@
+"""The learning-rate protocol of the learning benchmark (benchmarks/learning_sweep.py): score, choice, files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from learning_sweep import cell_score, choose, chosen_lr, report_sweep, sweep_dir
+
+
+def _summary(successes: list[float], tokens: list[int]) -> dict:
+    return {"train": [{"tokens": t, "success": s} for s, t in zip(successes, tokens, strict=True)]}
+
+
+def test_score_is_the_mean_training_success_past_half_the_budget() -> None:
+    # budget 1,600: the steps ending at 900, 1,200 and 1,650 tokens count (> 800); 300 and 800 do not
+    cell = _summary([1.0, 1.0, 0.5, 0.25, 0.0], [300, 800, 900, 1200, 1650])
+    assert cell_score(cell, 1600) == pytest.approx((0.5 + 0.25 + 0.0) / 3)
+    # a first step already past half the budget (one 1,000-token RTPO step): only the last step counts
+    assert cell_score(_summary([0.25, 0.75], [1000, 1900]), 1600) == pytest.approx(0.5)
+
+
+def test_the_best_score_wins_and_a_tie_goes_to_the_smaller_rate() -> None:
+    assert choose({5e-6: 0.2, 1e-5: 0.6, 2e-5: 0.4}) == 1e-5
+    assert choose({5e-6: 0.5, 1e-5: 0.5, 2e-5: 0.1}) == 5e-6
+    assert choose({2e-5: 0.5, 5e-6: 0.5}) == 5e-6
+
+
+def test_report_chooses_per_schedule_from_finished_cells_only(tmp_path: Path) -> None:
+    lrs, seeds = [5e-6, 2e-5], [10, 11]
+    scores = {("grpo", 5e-6): [0.2, 0.4], ("grpo", 2e-5): [0.6, 0.8], ("rtpo", 5e-6): [0.5, 0.5],
+              ("rtpo", 2e-5): [0.0, 1.0]}
+    for (schedule, lr), per_seed in scores.items():
+        for seed, success in zip(seeds, per_seed, strict=True):
+            folder = sweep_dir(tmp_path, "guess", schedule, lr, seed)
+            folder.mkdir(parents=True)
+            (folder / "summary.json").write_text(json.dumps(_summary([0.0, success], [100, 3000])))
+    folder = sweep_dir(tmp_path, "guess", "turn_ppo", 5e-6, 10)  # one cell of four: no choice yet
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps(_summary([1.0], [4000])))
+    chosen = report_sweep(tmp_path, "guess", ["grpo", "rtpo", "turn_ppo"], lrs, seeds, budget=4000)
+    assert chosen["grpo"]["lr"] == 2e-5 and chosen["grpo"]["scores"] == pytest.approx({"lr5e-06": 0.3, "lr2e-05": 0.7})
+    assert chosen["rtpo"]["lr"] == 5e-6  # 0.5 against 0.5: the smaller rate
+    assert "turn_ppo" not in chosen
+    assert chosen_lr(tmp_path, "guess", "grpo") == 2e-5
+    assert "(sweep unfinished)" in (tmp_path / "sweep" / "guess" / "sweep.md").read_text()
+    with pytest.raises(SystemExit, match="no learning rate chosen for guess/turn_ppo"):
+        chosen_lr(tmp_path, "guess", "turn_ppo")
