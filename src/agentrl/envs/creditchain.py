@@ -9,7 +9,7 @@ arrives ``distractors`` turns after the choice that earned it); ``"decisions_las
 
 Rewards: the last step carries the terminal reward, the fraction of decisions answered right (``reward="all"``:
 1.0 only when all are right). With ``noise = σ > 0`` each valid distractor reply also earns ``σ·z``, z a standard
-normal drawn from a hash of (episode seed, the parsed action history up to and including this reply): a replayed
+normal drawn from a hash of (episode seed, the parsed valid replies up to and including this one): a replayed
 prefix (RTPO) gets exactly the same noise, and continuations that differ in any parsed reply get independent
 noise (two continuations that pick the same words get the same noise: the noise is a function of the history).
 
@@ -28,7 +28,8 @@ no summary and expects the whole conversation (`agent_history` = None).
 
 The final step's ``info`` holds the ground truth the credit benchmark scores against: ``turn_kinds`` (``decision``
 or ``distractor`` per turn, format errors included), ``turn_right`` (per turn: True/False for decision turns —
-a format error is not right — and None for distractors) and ``decisions_right``.
+a format error is not right — and None for distractors), ``replies`` (the parsed reply of every turn, "" for a
+format error) and ``decisions_right``.
 """
 
 from __future__ import annotations
@@ -59,14 +60,20 @@ def distractor_noise(seed: int, history: tuple[str, ...], sigma: float) -> float
 
 
 @dataclass(frozen=True)
+class _TurnRecord:
+    kind: str  # "decision" or "distractor"
+    right: bool | None  # decision right (a format error is not); None for a distractor
+    reply: str  # the parsed reply, "" for a format error
+
+
+@dataclass(frozen=True)
 class _ChainState:
     seed: int = 0
     cues: tuple[int, ...] = ()  # cue index of each decision, in order
     step: int = 0  # position in the plan (steps answered validly)
     turn: int = 0  # turns taken, format errors included
-    history: tuple[str, ...] = ()  # parsed reply of every turn ("" for a format error)
-    kinds: tuple[str, ...] = ()  # "decision" / "distractor" per turn
-    right: tuple[bool | None, ...] = ()  # per turn: decision right or not; None for distractors
+    history: tuple[str, ...] = ()  # parsed valid replies, in order (the noise key; format errors leave it as is)
+    turn_log: tuple[_TurnRecord, ...] = ()  # one record per turn, format errors included (the ground truth)
     answers: tuple[str, ...] = ()  # "cue=reply" of every answered decision, for the summary
     done: bool = False
     started: bool = False
@@ -169,8 +176,8 @@ class CreditChainEnv(EpisodeSnapshots):
         turn = state.turn + 1
         truncated = turn >= self.max_turns
         if word is None:
-            state = replace(state, turn=turn, history=(*state.history, ""), kinds=(*state.kinds, kind),
-                            right=(*state.right, False if kind == "decision" else None), done=truncated)
+            record = _TurnRecord(kind, False if kind == "decision" else None, "")
+            state = replace(state, turn=turn, turn_log=(*state.turn_log, record), done=truncated)
             self._episode = state
             if truncated:
                 return self._finish(self.format_penalty, truncated=True)
@@ -186,8 +193,8 @@ class CreditChainEnv(EpisodeSnapshots):
             reward = distractor_noise(state.seed, history, self.noise)
         step = state.step + 1
         ended = step == self.decisions + self.distractors
-        self._episode = replace(state, step=step, turn=turn, history=history, kinds=(*state.kinds, kind),
-                                right=(*state.right, right), answers=answers, done=ended or truncated)
+        self._episode = replace(state, step=step, turn=turn, history=history, answers=answers,
+                                turn_log=(*state.turn_log, _TurnRecord(kind, right, word)), done=ended or truncated)
         if ended or truncated:
             return self._finish(reward, truncated=truncated and not ended)
         return StepResult(self._observation(), reward, False, False, {"format_error": False})
@@ -195,11 +202,12 @@ class CreditChainEnv(EpisodeSnapshots):
     def _finish(self, reward: float, *, truncated: bool) -> StepResult:
         """The last step: the terminal reward (unanswered decisions count as wrong) and the ground truth."""
         state = self._episode
-        n_right = sum(1 for r in state.right if r)
+        log = state.turn_log
+        n_right = sum(1 for r in log if r.right)
         score = n_right / self.decisions if self.reward_mode == "fraction" else float(n_right == self.decisions)
-        info: dict[str, Any] = {"format_error": state.history[-1] == "", "success": n_right == self.decisions,
-                                "decisions_right": n_right, "turn_kinds": list(state.kinds),
-                                "turn_right": list(state.right), "replies": list(state.history)}
+        info: dict[str, Any] = {"format_error": log[-1].reply == "", "success": n_right == self.decisions,
+                                "decisions_right": n_right, "turn_kinds": [r.kind for r in log],
+                                "turn_right": [r.right for r in log], "replies": [r.reply for r in log]}
         obs = f"Game over: {n_right} of {self.decisions} cues right."
         return StepResult(obs, reward + score, not truncated, truncated, info)
 
