@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from agentrl.envs import (
+    CreditChainEnv,
     FrozenLakeEnv,
     GuessNumberEnv,
     SearchQAEnv,
@@ -28,6 +29,8 @@ FACTORIES: dict[str, Callable[[], Any]] = {
     "sokoban_2boxes": lambda: SokobanEnv(width=7, height=7, boxes=2),
     "searchqa": lambda: SearchQAEnv(reward="f1"),
     "shop": lambda: ShopEnv(n_products=200),
+    "creditchain": lambda: CreditChainEnv(decisions=2, distractors=3, noise=0.5),
+    "creditchain_last": lambda: CreditChainEnv(decisions=1, distractors=2, order="decisions_last", context="full"),
 }
 
 GARBAGE = [
@@ -54,6 +57,8 @@ def valid_action(name: str, rng: random.Random) -> str:
         return f"I go {rng.choice(['left', 'Down', 'RIGHT', 'up'])}."
     if name.startswith("sokoban"):
         return rng.choice(["Up", "down", "Left", "right"])
+    if name.startswith("creditchain"):
+        return rng.choice(["red", "I pick Blue.", "BLUE"])
     if name == "searchqa":
         return rng.choice(["search[founder of a company]", "search: town river", "answer[Lake Foo]"])
     return rng.choice(["search[red cotton t-shirt]", "click[P017]", "click[P101]", "buy[P005]", "buy"])
@@ -71,8 +76,8 @@ def play(env: Any, seed: int, actions: list[str]) -> list[tuple[str, float, bool
 
 
 def core(snapshot: Any) -> dict[str, Any]:
-    """The parts of a snapshot a format error must not change (the turn counter and RNG may change)."""
-    return {k: v for k, v in vars(snapshot).items() if k not in ("turn", "rng")}
+    """The parts of a snapshot a format error must not change (the turn counter, a per-turn log and RNG may)."""
+    return {k: v for k, v in vars(snapshot).items() if k not in ("turn", "turn_log", "rng")}
 
 
 @pytest.fixture(params=sorted(FACTORIES))

@@ -1,0 +1,283 @@
+"""Credit quality without training: how well each schedule's per-turn advantage matches the truth CreditChain knows.
+
+Rollouts of a *fixed* policy (SmolLM2-135M-Instruct as shipped, through the embedded `HFEngine` and the real
+`Collector` / `EnvAgent`) on `CreditChainEnv`; then each schedule's per-turn advantage is computed from the
+project's own estimators and schedule settings (``agentrl.algorithms.advantages``, the defaults of
+``agentrl.training.schedules.TurnPPO`` / ``TokenPPO``) and scored against the environment's ground truth:
+
+* decision turns: Spearman correlation between the advantage and "the reply was right" (0/1), and the sign
+  accuracy (A > 0 for a right reply, A < 0 for a wrong one; A = 0 counts as a miss);
+* distractor turns: mean |A| (the truth is 0: a distractor reply does not change the outcome);
+* the variance of A over all scored turns, and the mean |A| on decision turns for scale.
+
+What each schedule sees (one collection per distractor count D, shared by the schedules):
+
+* ``grpo``: ``--group`` episodes per task, ``grpo_advantages`` of the episode returns on every turn.
+* ``turn_ppo``: the same episodes, ``turn_gae`` (TurnPPO's γ, λ) over the turn rewards, whitened over the batch as
+  TurnPPO does. Critic: the **untrained neutral critic** (V = 0 everywhere, which is what `TurnCritic` outputs at
+  initialisation: its head is zero-initialised); no trained critic is loaded by this script.
+* ``token_ppo``: the same episodes, ``token_gae`` (TokenPPO's γ = λ = 1) over the response tokens with the same
+  neutral critic, whitened over tokens; a turn's score is the mean of its tokens' advantages.
+* ``rtpo``: the first episode of each task is the trunk; ``--siblings`` (G − 1) siblings branch at each scored depth
+  through `Collector.branch` (real replay / snapshot restore), and ``sibling_advantages`` scores each sibling's
+  turn k. Depths scored: every decision depth plus the first and the last distractor depth (``--rtpo-depths
+  all`` for every depth; it costs O(turns^2) episodes).
+
+Noise values (``--noise``) do not change what the policy sees, so the rollouts are collected once per D and
+*re-scored* per σ by replaying each trajectory's replies through an environment with that σ (exact: the noise is a
+hash of seed and parsed history); the σ = 0 re-score is checked against the rewards collected online.
+
+The base model rarely names a colour (checked on its first rollouts: ~1 valid reply in 30), so the environment
+runs with ``fallback="hash"``: a reply without a colour word is mapped to a colour by a hash of its text, making
+every reply an action whose rightness the environment knows. The share of replies that named a colour is
+reported.
+
+Example (the must-show run)::
+
+    python benchmarks/credit.py --env creditchain --decisions 1 --distractors 0 4 8 --noise 0 0.5 \\
+        --schedules rtpo turn_ppo grpo token_ppo --json benchmarks/results/credit/credit.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import platform
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from scipy.stats import spearmanr
+
+from agentrl.agents.base import Task
+from agentrl.agents.env_agent import EnvAgent
+from agentrl.algorithms.advantages import grpo_advantages, sibling_advantages, token_gae, turn_gae, whiten
+from agentrl.collect.collector import Collector
+from agentrl.engines.base import SamplingParams
+from agentrl.engines.hf import HFEngine
+from agentrl.envs import CreditChainEnv
+from agentrl.models.policy import Policy
+from agentrl.training.schedules import TokenPPO, TurnPPO
+from agentrl.types import Trajectory
+
+SCHEDULES = ("rtpo", "turn_ppo", "grpo", "token_ppo")
+# one scored turn: (schedule advantage, kind "decision"/"distractor", right or None)
+Scored = list[tuple[float, str, bool | None]]
+
+
+def make_env(args: argparse.Namespace, distractors: int, noise: float) -> CreditChainEnv:
+    return CreditChainEnv(decisions=args.decisions, distractors=distractors, options=args.options, order=args.order,
+                          noise=noise, fallback=args.fallback)
+
+
+def rescore(env: CreditChainEnv, seed: int, traj: Trajectory) -> tuple[list[float], dict[str, Any]]:
+    """Per-turn rewards and the final info of ``traj``'s replies replayed through ``env`` (deterministic)."""
+    env.reset(seed)
+    rewards, info = [], {}
+    for turn in traj.turns:
+        result = env.step(turn.text or "")
+        rewards.append(result.reward)
+        info = result.info
+    return rewards, info
+
+
+def collect(policy: Policy, args: argparse.Namespace, distractors: int) -> tuple[list[Trajectory], list[Trajectory],
+                                                                                  dict[str, Task]]:
+    """Grouped episodes (GRPO, the critic schedules) and RTPO siblings at the scored depths, for one D."""
+    env = make_env(args, distractors, 0.0)
+    col = Collector(HFEngine(policy, max_batch_size=64), EnvAgent(env, history=env.agent_history), policy.tokenizer,
+                    sampling=SamplingParams(max_tokens=args.max_tokens, temperature=1.0), concurrency=64,
+                    seed=args.seed)
+    tasks = [Task(f"D{distractors}-t{i}", seed=args.seed * 1_000_003 + i) for i in range(args.tasks)]
+    groups = asyncio.run(col.collect_groups(tasks, args.group, step=0))
+    siblings: list[Trajectory] = []
+    if "rtpo" in args.schedules:
+        trunks = [replace(t, tree=t.group) for t in groups[:: args.group]]
+        n = args.decisions + distractors
+        depths = range(n) if args.rtpo_depths == "all" else sorted(
+            {k for k in range(n) if env.is_decision(k)} | ({min(k for k in range(n) if not env.is_decision(k)),
+                                                            max(k for k in range(n) if not env.is_decision(k))}
+                                                           if distractors else set()))
+        by_id = {t.id: t for t in tasks}
+        for k in depths:
+            siblings += asyncio.run(col.branch(trunks, by_id, k, args.siblings, step=0))
+    return groups, siblings, {t.id: t for t in tasks}
+
+
+def truth(info: dict[str, Any], n: int) -> list[tuple[str, bool | None]]:
+    return list(zip(info["turn_kinds"], info["turn_right"], strict=True))[:n]
+
+
+def score_grpo(trajs: list[Trajectory], rewards: list[list[float]], infos: list[dict[str, Any]]) -> Scored:
+    ret = torch.tensor([sum(r) for r in rewards], dtype=torch.float64)
+    adv = grpo_advantages(ret, torch.tensor([t.group for t in trajs]))
+    return [(float(adv[b]), kind, right) for b, info in enumerate(infos) for kind, right in truth(info, 10**6)]
+
+
+def score_turn_ppo(rewards: list[list[float]], infos: list[dict[str, Any]]) -> Scored:
+    ppo = TurnPPO()
+    B, T = len(rewards), max(len(r) for r in rewards)
+    r, mask = torch.zeros(B, T, dtype=torch.float64), torch.zeros(B, T, dtype=torch.bool)
+    for b, row in enumerate(rewards):
+        r[b, : len(row)], mask[b, : len(row)] = torch.tensor(row, dtype=torch.float64), True
+    adv, _ = turn_gae(r, torch.zeros_like(r), mask, gamma=ppo.gamma, lam=ppo.lam)  # neutral critic: V = 0
+    if ppo.whiten_advantages:
+        adv = whiten(adv, mask)
+    return [(float(adv[b, n]), kind, right) for b, info in enumerate(infos)
+            for n, (kind, right) in enumerate(truth(info, len(rewards[b])))]
+
+
+def score_token_ppo(trajs: list[Trajectory], rewards: list[list[float]], infos: list[dict[str, Any]]) -> Scored:
+    ppo = TokenPPO()
+    lengths = [[max(len(t.response_ids), 1) for t in traj.turns] for traj in trajs]
+    B, L = len(trajs), max(sum(x) for x in lengths)
+    r, mask = torch.zeros(B, L, dtype=torch.float64), torch.zeros(B, L, dtype=torch.bool)
+    for b, row in enumerate(lengths):
+        pos = 0
+        for n, length in enumerate(row):
+            mask[b, pos : pos + length] = True
+            r[b, pos + length - 1] = rewards[b][n]  # the turn's reward on its last token, as TokenPPO
+            pos += length
+    adv, _ = token_gae(r, torch.zeros_like(r), mask, gamma=ppo.gamma, lam=ppo.lam)  # neutral critic
+    if ppo.whiten_advantages:
+        adv = whiten(adv, mask)
+    out: Scored = []
+    for b, info in enumerate(infos):
+        pos = 0
+        for length, (kind, right) in zip(lengths[b], truth(info, len(lengths[b])), strict=True):
+            out.append((float(adv[b, pos : pos + length].mean()), kind, right))
+            pos += length
+    return out
+
+
+def score_rtpo(siblings: list[Trajectory], rewards: list[list[float]], infos: list[dict[str, Any]]) -> Scored:
+    out: Scored = []
+    for k in sorted({s.branch_turn for s in siblings if s.branch_turn is not None}):
+        idx = [i for i, s in enumerate(siblings) if s.branch_turn == k and not s.failed and s.num_turns > k]
+        if not idx:
+            continue
+        ret = torch.tensor([sum(rewards[i]) for i in idx], dtype=torch.float64)
+        adv = sibling_advantages(ret, torch.tensor([siblings[i].group for i in idx]))
+        for a, i in zip(adv.tolist(), idx, strict=True):
+            kind, right = truth(infos[i], siblings[i].num_turns)[k]
+            out.append((a, kind, right))
+    return out
+
+
+def metrics(scored: Scored) -> dict[str, Any]:
+    """The credit-quality figures of one (schedule, setting)."""
+    dec = [(a, bool(r)) for a, kind, r in scored if kind == "decision"]
+    dis = [a for a, kind, _ in scored if kind == "distractor"]
+    allv = torch.tensor([a for a, _, _ in scored], dtype=torch.float64)
+    rho = None
+    if len(dec) > 2 and len({r for _, r in dec}) > 1 and len({a for a, _ in dec}) > 1:
+        rho = float(spearmanr([a for a, _ in dec], [float(r) for _, r in dec]).statistic)
+    return {
+        "decision_turns": len(dec), "distractor_turns": len(dis),
+        "decision_right_rate": _mean([float(r) for _, r in dec]),
+        "spearman": rho,
+        "sign_accuracy": _mean([float((a > 0) if r else (a < 0)) for a, r in dec]),
+        "decision_mean_abs": _mean([abs(a) for a, _ in dec]),
+        "distractor_mean_abs": _mean([abs(a) for a in dis]),
+        "variance": float(allv.var()) if allv.numel() > 1 else None,
+    }
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def evaluate(args: argparse.Namespace, distractors: int, noise: float, groups: list[Trajectory],
+             siblings: list[Trajectory], tasks: dict[str, Task]) -> dict[str, dict[str, Any]]:
+    env = make_env(args, distractors, noise)
+    g_rew, g_info = zip(*(rescore(env, tasks[t.task_id].seed, t) for t in groups), strict=True)
+    s_out = [rescore(env, tasks[t.task_id].seed, t) for t in siblings]
+    s_rew, s_info = [r for r, _ in s_out], [i for _, i in s_out]
+    scorers = {"grpo": lambda: score_grpo(groups, list(g_rew), list(g_info)),
+               "turn_ppo": lambda: score_turn_ppo(list(g_rew), list(g_info)),
+               "token_ppo": lambda: score_token_ppo(groups, list(g_rew), list(g_info)),
+               "rtpo": lambda: score_rtpo(siblings, s_rew, s_info)}
+    return {name: metrics(scorers[name]()) for name in args.schedules}
+
+
+def check_online_rewards(args: argparse.Namespace, distractors: int, trajs: list[Trajectory],
+                         tasks: dict[str, Task]) -> None:
+    """The σ = 0 re-score must give back the rewards collected online (the environment is deterministic)."""
+    env = make_env(args, distractors, 0.0)
+    for t in trajs:
+        rewards, _ = rescore(env, tasks[t.task_id].seed, t)
+        if any(abs(a - b.reward) > 1e-9 for a, b in zip(rewards, t.turns, strict=True)):
+            raise RuntimeError(f"re-scoring {t.task_id} did not reproduce its online rewards")
+
+
+def rollout_stats(env: CreditChainEnv, trajs: list[Trajectory]) -> dict[str, float]:
+    texts = [turn.text or "" for t in trajs for turn in t.turns if not turn.forced]
+    named = sum(env.names_option(x) for x in texts)
+    return {"episodes": len(trajs), "sampled_turns": len(texts), "named_a_colour": named / max(len(texts), 1),
+            "mean_return": sum(t.total_reward for t in trajs) / max(len(trajs), 1),
+            "success": sum(t.success for t in trajs) / max(len(trajs), 1),
+            "mean_tokens_per_turn": sum(len(turn.response_ids) for t in trajs for turn in t.turns
+                                        if not turn.forced) / max(len(texts), 1)}
+
+
+def fmt(x: float | None, spec: str = "+.3f") -> str:
+    return "   -  " if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--env", choices=["creditchain"], default="creditchain")
+    parser.add_argument("--decisions", type=int, default=1)
+    parser.add_argument("--distractors", type=int, nargs="+", default=[0, 4, 8])
+    parser.add_argument("--noise", type=float, nargs="+", default=[0.0, 0.5])
+    parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
+    parser.add_argument("--options", type=int, default=2)
+    parser.add_argument("--order", choices=["decisions_first", "decisions_last"], default="decisions_first")
+    parser.add_argument("--fallback", choices=["hash", "error"], default="hash")
+    parser.add_argument("--tasks", type=int, default=6, help="episode seeds (tasks) per D")
+    parser.add_argument("--group", type=int, default=4, help="episodes per task (GRPO group)")
+    parser.add_argument("--siblings", type=int, default=2, help="RTPO siblings per trunk and depth (G - 1)")
+    parser.add_argument("--rtpo-depths", choices=["scored", "all"], default="scored")
+    parser.add_argument("--max-tokens", type=int, default=3)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    for name in ("tasks", "group", "siblings", "decisions", "options", "max_tokens"):
+        if getattr(args, name) < (2 if name in ("group", "siblings", "options") else 1):
+            parser.error(f"--{name.replace('_', '-')} is too small: {getattr(args, name)}")
+    start = time.perf_counter()
+    torch.manual_seed(args.seed)
+    policy = Policy(args.model, compute_dtype="float32")
+    rows, rollouts = [], {}
+    print(f"{'schedule':9s} {'D':>2s} {'sigma':>5s} {'n_dec':>5s} {'spearman':>8s} {'sign_acc':>8s} "
+          f"{'|A| dec':>7s} {'|A| dis':>7s} {'var':>7s}", flush=True)
+    for d in args.distractors:
+        t0 = time.perf_counter()
+        groups, siblings, tasks = collect(policy, args, d)
+        check_online_rewards(args, d, groups + siblings, tasks)
+        rollouts[str(d)] = rollout_stats(make_env(args, d, 0.0), groups) | {
+            "rtpo_siblings": len(siblings), "seconds": time.perf_counter() - t0}
+        for noise in args.noise:
+            for name, m in evaluate(args, d, noise, groups, siblings, tasks).items():
+                rows.append({"schedule": name, "distractors": d, "noise": noise} | m)
+                print(f"{name:9s} {d:2d} {noise:5.2f} {m['decision_turns']:5d} {fmt(m['spearman']):>8s} "
+                      f"{fmt(m['sign_accuracy'], '.3f'):>8s} {fmt(m['decision_mean_abs'], '.3f'):>7s} "
+                      f"{fmt(m['distractor_mean_abs'], '.3f'):>7s} {fmt(m['variance'], '.3f'):>7s}", flush=True)
+    out = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+           "env": make_env(args, args.distractors[0], args.noise[0]).metadata(),
+           "critic": "untrained neutral critic (V = 0), no trained critic given",
+           "rollouts": rollouts, "rows": rows, "seconds": time.perf_counter() - start,
+           "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()}}
+    print(f"[credit] {out['seconds']:.0f} s; rollouts: " + json.dumps(rollouts), flush=True)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
