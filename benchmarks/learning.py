@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from agentrl.models.precision import cpu_identity
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "learning"
 SCHEDULES = ("rtpo", "turn_ppo", "grpo", "token_ppo")
@@ -157,7 +159,8 @@ def summarize(metrics_csv: Path, env: str, schedule: str, seed: int, wall: float
     return {"env": env, "schedule": schedule, "seed": seed, "wall_seconds": wall, "cpu_seconds": cpu,
             "train_seconds": sum(s["seconds"] or 0.0 for s in steps), "steps": len(steps),
             "generated_tokens": steps[-1]["tokens"], "evals": evals, "train": steps,
-            "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"}
+            "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+            "cpu": cpu_identity()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -115,3 +115,12 @@ def test_cpu_identity_names_the_model_and_the_isa_flags() -> None:
     identity = precision.cpu_identity()
     assert identity["model"] and set(identity["flags"]) == set(precision.ISA_FLAGS)
     assert all(isinstance(v, bool) for v in identity["flags"].values())
+
+
+def test_every_benchmark_result_names_the_cpu() -> None:
+    """Each ``"machine"`` a benchmark writes has the CPU identity beside it, from the one helper (issue 31)."""
+    scripts = sorted((ROOT / "benchmarks").glob("*.py"))
+    for script in scripts:
+        text = script.read_text()
+        assert text.count('"machine":') == text.count('"cpu": cpu_identity()'), script.name
+    assert sum('"cpu": cpu_identity()' in s.read_text() for s in scripts) >= 7

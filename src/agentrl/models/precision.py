@@ -58,22 +58,25 @@ class DtypeChoice(NamedTuple):
 
 
 @functools.cache
-def _cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, frozenset[str]]:
-    """(model name, flags) of the first processor listed in ``path``; ("", empty) where it cannot be read."""
+def _cpuinfo_fields(path: str = "/proc/cpuinfo") -> dict[str, str]:
+    """The ``key: value`` lines of the first processor listed in ``path``; empty where it cannot be read."""
     try:
         text = Path(path).read_text()
     except OSError:
-        return "", frozenset()
-    name: str = ""
-    flags: frozenset[str] = frozenset()
+        return {}
+    fields: dict[str, str] = {}
     for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name" and not name:
-            name = value.strip()
-        elif key in ("flags", "Features") and not flags:  # x86 / Arm
-            flags = frozenset(value.split())
-    return name, flags
+        key, sep, value = line.partition(":")
+        if not sep and fields:  # the blank line after the first processor
+            break
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def _cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, frozenset[str]]:
+    """(model name, flags) of the first processor listed in ``path``; ("", empty) where it cannot be read."""
+    fields = _cpuinfo_fields(path)
+    return fields.get("model name", ""), frozenset((fields.get("flags") or fields.get("Features") or "").split())
 
 
 def _torch_flags() -> frozenset[str]:
@@ -95,7 +98,9 @@ def cpu_identity() -> dict[str, Any]:
     source = "/proc/cpuinfo"
     if not flags:
         flags, source = _torch_flags(), "torch.cpu"
-    return {"model": name or platform.processor() or platform.machine(),
+    fields = _cpuinfo_fields()
+    family = "/".join(fields.get(key, "?") for key in ("vendor_id", "cpu family", "model", "stepping"))
+    return {"model": name or platform.processor() or platform.machine(), "vendor/family/model/stepping": family,
             "flags": {flag: flag in flags for flag in ISA_FLAGS}, "flags_from": source,
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
