@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cold-mib", type=int, default=256, help="weight copies a decode shape cycles through (MiB)")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--min-seconds", type=float, default=0.01, help="shortest timed repeat")
+    p.add_argument("--note", default="", help="the conditions in words (e.g. other jobs running), kept in the JSON")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/roofline.json"))
     args = p.parse_args(argv)
     load_start, start = os.getloadavg(), time.perf_counter()
@@ -174,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
     result["decode_floor"] = [floors(result, t) for t in args.threads]
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}",
               "cpu": cpu_identity(),
-              "conditions": {"load_average_1_5_15_start": load_start, "load_average_1_5_15_end": os.getloadavg(),
+              "conditions": {"note": args.note, "load_average_1_5_15_start": load_start,
+                             "load_average_1_5_15_end": os.getloadavg(),
                              "niceness": os.nice(0), "wall_seconds": time.perf_counter() - start,
                              "method": f"best of {args.repeats} repeats of >= {args.min_seconds} s after a warm-up"},
               "engine_fp32_ms_per_step": {"value": ENGINE_FP32_MS, "source": "issue 31: 49 tok/s at batch 12.5"},
