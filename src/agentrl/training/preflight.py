@@ -170,11 +170,13 @@ def check_bf16(policy: PolicyPlan, accelerator: Any) -> None:
 
 
 def _device_type(accelerator: Any) -> str | None:
-    """The torch device type a Lightning ``trainer.accelerator`` trains on; None where agentrl has no bf16 rule."""
+    """The torch device type a Lightning ``trainer.accelerator`` trains on; None where agentrl has no bf16 rule, or
+    for a GPU this machine lacks (Lightning names that itself)."""
     name = str(accelerator or "auto").lower()
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    return {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}.get(name)
+    device = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}.get(name)
+    return None if device == "cuda" and not torch.cuda.is_available() else device
 
 
 def _check_peak_flops(value: Any) -> None:
