@@ -18,7 +18,8 @@ Models narrower than ``MIN_WIDTH`` stay in fp32 whatever the device: their matmu
 and this keeps the tiny test model exact and deterministic on every machine.
 
 An explicit ``bfloat16`` on a device without native bf16 is refused before the model loads
-(`check_explicit_bf16`, run by `agentrl.training.preflight`) unless ``AGENTRL_ALLOW_SLOW_BF16=1``.
+(`check_explicit_bf16`, run by `agentrl.training.preflight` and by ``agentrl serve --dtype bfloat16``) unless
+``AGENTRL_ALLOW_SLOW_BF16=1``.
 """
 
 from __future__ import annotations
