@@ -32,6 +32,7 @@ import torch
 
 from agentrl.envs import FrozenLakeEnv
 from agentrl.models.loading import SMOLLM2, load_model
+from agentrl.models.precision import cpu_identity
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("left", "down", "right", "up")
@@ -150,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
               "valid_first_replies": {"before": before, "after": after, "sampled": args.check, "max_tokens": 12},
               "wall_seconds": time.perf_counter() - start,
               "cpu_seconds": cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime,
-              "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"}
+              "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+              "cpu": cpu_identity()}
     (args.out / "warmup.json").write_text(json.dumps(report, indent=1))
     print(f"[warmup] wrote {args.out} in {report['wall_seconds'] / 60:.1f} min", flush=True)
     return 0

@@ -25,6 +25,7 @@ from agentrl.agents.env_agent import EnvAgent
 from agentrl.engines.base import SamplingParams
 from agentrl.envs import GuessNumberEnv
 from agentrl.models.policy import Policy
+from agentrl.models.precision import cpu_identity
 from agentrl.training.datamodule import RolloutDataModule
 from agentrl.training.module import AgentRLModule
 from agentrl.training.rtpo import RTPO
@@ -75,6 +76,7 @@ def main() -> None:
     print(f"{args.tasks} tasks per step (GuessNumber 1-10, 4 turns), {args.model}, <= {args.max_tokens} tokens/turn")
     rows = [run(name, schedule, args) for name, schedule in schedules]
     out = {"machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+           "cpu": cpu_identity(),
            "workload": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "runs": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "generation_cost.json").write_text(json.dumps(out, indent=2))

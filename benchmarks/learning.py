@@ -39,6 +39,8 @@ import torch
 import yaml
 from learning_sweep import DEFAULT_LRS, NO_EVAL, SWEEP_SEEDS, chosen_lr, lr_name, report_sweep, sweep_dir
 
+from agentrl.models.precision import cpu_identity
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "learning"
 SCHEDULES = ("rtpo", "turn_ppo", "grpo", "token_ppo")
@@ -193,7 +195,8 @@ def summarize(metrics_csv: Path, env: str, schedule: str, seed: int, wall: float
     return {"env": env, "schedule": schedule, "seed": seed, "wall_seconds": wall, "cpu_seconds": cpu,
             "train_seconds": sum(s["seconds"] or 0.0 for s in steps), "steps": len(steps),
             "generated_tokens": steps[-1]["tokens"], "evals": evals, "train": steps,
-            "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"}
+            "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+            "cpu": cpu_identity()}
 
 
 def main(argv: list[str] | None = None) -> int:

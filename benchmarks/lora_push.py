@@ -35,6 +35,7 @@ from agentrl.engines import vllm
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.vllm import VLLMEngine
 from agentrl.models.policy import LoRASettings, Policy
+from agentrl.models.precision import cpu_identity
 
 MODEL = "smollm2-135m-instruct"
 LORA = LoRASettings(r=8, alpha=16, target_modules=["q_proj", "v_proj"])
@@ -134,6 +135,7 @@ def main() -> None:
     adapter_params = sum(p.numel() for n, p in policy.model.named_parameters() if "lora_" in n)
     result: dict[str, Any] = {
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+        "cpu": cpu_identity(),
         "model": MODEL, "lora": {"r": LORA.r, "alpha": LORA.alpha, "target_modules": LORA.target_modules},
         "adapter_parameters": adapter_params, "pushes": rows,
         "median_push_seconds": statistics.median(r["push_seconds"] for r in rows),

@@ -150,11 +150,14 @@ def child(out: Path, cwd: Path, src: Path, extra: list[str]) -> dict[str, Any]:
 
 
 def compare(out_dir: Path, before: str, extra: list[str]) -> None:
+    from agentrl.models.precision import cpu_identity  # lazily, as the rest of agentrl here
+
     rev = subprocess.run(["git", "rev-parse", "--short", before], check=True, capture_output=True,
                          text=True).stdout.strip()
     here = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=True, capture_output=True,
                           text=True).stdout.strip()
-    results: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} cpus", "config": CONFIG,
+    results: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} cpus", "cpu": cpu_identity(),
+                               "config": CONFIG,
                                "command": f"agentrl fit --config {CONFIG} {' '.join(BASE_ARGS + extra)}",
                                "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:

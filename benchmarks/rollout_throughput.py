@@ -32,6 +32,7 @@ from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.envs import FrozenLakeEnv
 from agentrl.models.policy import Policy
+from agentrl.models.precision import cpu_identity
 
 SYSTEM = "You are an agent in a grid world. Think briefly, then give one move: up, down, left or right."
 OBSERVATION = "You moved. The goal is still to the south-east. What is your next move?"
@@ -189,7 +190,8 @@ def main() -> None:
         return
 
     machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-    results: dict[str, Any] = {"machine": machine, "workload": vars(args) | {"out": str(args.out)}}
+    results: dict[str, Any] = {"machine": machine, "cpu": cpu_identity(),
+                               "workload": vars(args) | {"out": str(args.out)}}
     print(f"workload: {args.episodes} episodes x {args.turns} turns, <= {args.max_tokens} new tokens per turn")
     for i, dtype in enumerate(args.dtypes):
         torch.manual_seed(0)

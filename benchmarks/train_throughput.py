@@ -28,6 +28,7 @@ import torch
 from agentrl.agents.base import Outcome, Task
 from agentrl.engines.base import SamplingParams
 from agentrl.models.policy import LoRASettings, Policy
+from agentrl.models.precision import cpu_identity
 from agentrl.training.batching import TurnTargets
 from agentrl.training.datamodule import RolloutDataModule
 from agentrl.training.module import AgentRLModule
@@ -133,6 +134,7 @@ def main() -> None:
               f"{r['tokens_per_s']:7.1f} tok/s, {r['achieved_flops'] / 1e9:6.1f} GFLOP/s, MFU {100 * r['mfu']:5.1f} %")
         del policy
     result = {"machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+              "cpu": cpu_identity(),
               "workload": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "peak_flops": {"float32": peak32, "bfloat16": peak16}, "runs": runs}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -73,3 +73,19 @@ def test_a_key_from_the_option_or_the_environment_is_kept(monkeypatch: pytest.Mo
     assert parse_args(["tiny-random", "--api-key", "given"]).api_key == "given"
     monkeypatch.delenv("AGENTRL_API_KEY")
     assert parse_args(["tiny-random"]).api_key is None
+
+
+def test_bf16_weights_are_refused_on_a_cpu_without_native_bf16(capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentrl.models import precision
+
+    monkeypatch.delenv(precision.ALLOW_SLOW_BF16, raising=False)
+    monkeypatch.setattr(precision, "cpu_bf16_support",
+                        lambda: precision.Bf16Support(False, "CPU AMD EPYC 7B13 has no native bf16"))
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["tiny-random", "--dtype", "bfloat16"])
+    assert exc.value.code == 2
+    assert "--dtype is bfloat16, but CPU AMD EPYC 7B13 has no native bf16" in capsys.readouterr().err
+    assert parse_args(["tiny-random"]).dtype == "float32"  # the default is never refused
+    monkeypatch.setattr(precision, "cpu_bf16_support", lambda: precision.Bf16Support(True, "CPU X has avx512_bf16"))
+    assert parse_args(["tiny-random", "--dtype", "bfloat16"]).dtype == "bfloat16"

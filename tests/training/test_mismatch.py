@@ -15,7 +15,6 @@ from agentrl.engines.hf import HFEngine
 from agentrl.engines.specs import HFEngineSpec
 from agentrl.engines.vllm import VLLMEngineSpec
 from agentrl.models.policy import Policy
-from agentrl.models.precision import auto_compute_dtype, bf16_pays
 from agentrl.training.batching import TurnTargets, collate, pack_rows
 from agentrl.training.mismatch import recompute_on, with_old_logprobs
 from agentrl.training.rtpo import RTPO
@@ -147,34 +146,6 @@ def test_recompute_turns_on_whenever_the_engine_is_not_the_trainers_fp32_code() 
     assert recompute_on(auto, PerturbedEngineSpec(), fp32)  # an engine that does not say it is the trainer
     assert recompute_on(PPOSettings(recompute_old_logprobs=True), HFEngineSpec(), fp32)
     assert not recompute_on(PPOSettings(recompute_old_logprobs=False), vllm, bf16)
-
-
-def test_compute_dtype_auto(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``auto`` is bf16 exactly where the measured bf16 matmul is at least MIN_SPEEDUP times faster, measured once
-    per (device type, width); the timings are given here (real ones are noise on a shared machine)."""
-    from agentrl.models import precision
-
-    assert bf16_pays(2.0, 1.0) and not bf16_pays(1.0, 1.0) and not bf16_pays(1.25, 1.0)
-    measured: list[tuple[str, torch.dtype, int]] = []
-    seconds = {(512, torch.float32): 2.0, (512, torch.bfloat16): 1.0,  # 2x: bf16 pays
-               (1024, torch.float32): 1.2, (1024, torch.bfloat16): 1.0}  # 1.2x < MIN_SPEEDUP: fp32
-
-    def matmul_seconds(device: torch.device, dtype: torch.dtype, width: int) -> float:
-        measured.append((device.type, dtype, width))
-        return seconds[(width, dtype)]
-
-    monkeypatch.setattr(precision, "matmul_seconds", matmul_seconds)
-    monkeypatch.setattr(precision, "_CHOSEN", {})
-    cpu = torch.device("cpu")
-    assert auto_compute_dtype(cpu, 64) == torch.float32 and measured == []  # narrow models: fp32, no measurement
-    assert Policy("tiny-random").compute_dtype == torch.float32 and measured == []  # the tests' model stays exact
-    assert auto_compute_dtype(cpu, 512) == torch.bfloat16
-    assert auto_compute_dtype(cpu, 1024) == torch.float32
-    assert auto_compute_dtype(cpu, 512) == torch.bfloat16  # remembered: not measured again
-    assert measured == [("cpu", torch.float32, 512), ("cpu", torch.bfloat16, 512),
-                        ("cpu", torch.float32, 1024), ("cpu", torch.bfloat16, 1024)]
-    with pytest.raises(ValueError, match="policy.compute_dtype"):
-        Policy("tiny-random", compute_dtype="float16")  # type: ignore[arg-type]
 
 
 def test_bad_correction_cap_names_the_key() -> None:

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from agentrl.models.loading import SMOLLM2, load_model, stop_token_ids
-from agentrl.models.precision import auto_compute_dtype
+from agentrl.models.precision import DtypeChoice, resolve_auto
 from agentrl.types import TurnBatch
 
 DType = Literal["float32", "bfloat16"]
@@ -88,8 +88,9 @@ class Policy(nn.Module):
         lora: LoRA settings; None trains every weight.
         dtype: Storage dtype of the weights.
         compute_dtype: ``bfloat16`` runs forward passes under CPU/GPU autocast; ``float32`` does not; ``auto`` (the
-            default) picks bfloat16 where a measured bf16 matmul beats fp32 on the model's device
-            (`agentrl.models.precision`); the trainer then recomputes π_old (`agentrl.training.mismatch`).
+            default) picks bfloat16 where the model's device has native bf16 matmuls (CPU flags ``avx512_bf16`` /
+            ``amx_bf16``, or CUDA's bf16 support: `agentrl.models.precision`), else float32; with bf16 the trainer
+            recomputes π_old (`agentrl.training.mismatch`).
         gradient_checkpointing: Trade compute for activation memory in training forwards.
         seed: Initialisation seed of random models (``tiny-random``).
     """
@@ -162,10 +163,15 @@ class Policy(nn.Module):
     @property
     def compute_dtype(self) -> torch.dtype:
         """The dtype of forward passes: the configured one, or ``auto``'s choice on the weights' current device."""
+        return self.resolved_compute_dtype.dtype
+
+    @property
+    def resolved_compute_dtype(self) -> DtypeChoice:
+        """The compute dtype and why: set in the config, or ``auto``'s rule on the weights' current device."""
         if self._compute_dtype is not None:
-            return self._compute_dtype
+            return DtypeChoice(self._compute_dtype, "set in the config")
         device = next(self.model.parameters()).device
-        return auto_compute_dtype(device, self.hidden_size)
+        return resolve_auto(device, self.hidden_size)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = self.compute_dtype

@@ -334,6 +334,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     del args.model_arg
     if not args.max_request_mb > 0:
         parser.error(f"--max-request-mb must be > 0, got {args.max_request_mb}")
+    if args.dtype == "bfloat16":  # on a CPU without native bf16, decoding would crawl (agentrl.models.precision)
+        import torch
+
+        from agentrl.models.precision import check_explicit_bf16
+
+        try:
+            check_explicit_bf16("--dtype", torch.device("cpu"))
+        except ValueError as exc:
+            parser.error(str(exc))
     try:
         args.api_key = resolve_api_key(args.api_key, os.environ)
     except ValueError as exc:

@@ -159,8 +159,10 @@ class AgentRLModule(pl.LightningModule, RunView):
         self.attach(self.data.make_collector)
         if self.peak_flops is None:
             self.peak_flops = measure_peak_flops(self.device, self.policy.compute_dtype)
-        for logger in self.trainer.loggers:  # what `compute_dtype: auto` chose on this machine, for review
-            logger.log_hyperparams({"resolved/compute_dtype": str(self.policy.compute_dtype)[6:]})
+        resolved = self.policy.resolved_compute_dtype
+        for logger in self.trainer.loggers:  # what `compute_dtype: auto` chose on this machine and why, for review
+            logger.log_hyperparams({"resolved/compute_dtype": str(resolved.dtype)[6:],
+                                    "resolved/compute_dtype_reason": resolved.reason})
 
     def on_train_start(self) -> None:
         # here, not in on_fit_start: a sharded checkpoint is restored after that hook, when rl_step was still 0

@@ -12,7 +12,8 @@ own instantiation, swapping in stand-ins for the three expensive parts:
 * the loggers: not created (an MLflow logger creates its store when built).
 
 Then it runs the checks that span parts (the batch must hold whole groups of the algorithm; a vLLM engine's declared
-log-prob mode must report the sampling temperature's distribution, `agentrl.engines.logprobs_mode`). A wrong value
+log-prob mode must report the sampling temperature's distribution, `agentrl.engines.logprobs_mode`; an explicit
+bf16 needs a device with native bf16 matmuls, `agentrl.models.precision`). A wrong value
 raises `ConfigError` naming the key; jsonargparse's "Does not validate against any of the Union subtypes" wrapping (from
 ``OptimSettings | None`` and similar) is unwrapped to the class's own message.
 """
@@ -24,12 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch.loggers import Logger
 
 from agentrl.models.facts import model_context, module_names
 from agentrl.models.loading import SMOLLM2, check_model_spec
 from agentrl.models.policy import Policy
+from agentrl.models.precision import check_explicit_bf16
 from agentrl.training.checkpoint_io import CheckpointError, check_checkpoint
 from agentrl.training.module import AgentRLModule
 
@@ -44,6 +47,8 @@ class PolicyPlan:
 
     model: str
     uses_lora: bool
+    dtype: str = "float32"
+    compute_dtype: str = "auto"
 
 
 @dataclass
@@ -98,7 +103,8 @@ def preflight(parser: ArgumentParser, config: Namespace, subcommand: str = "fit"
     def plan_policy(cls: type, model: str = SMOLLM2, **kwargs: Any) -> PolicyPlan:
         _recorded(errors, check_model_spec, model, suffix=" (key model.policy.init_args.model)")
         _recorded(errors, check_lora_targets, model, kwargs.get("lora"))
-        return PolicyPlan(model=model, uses_lora=kwargs.get("lora") is not None)
+        return PolicyPlan(model=model, uses_lora=kwargs.get("lora") is not None,
+                          dtype=kwargs.get("dtype", "float32"), compute_dtype=kwargs.get("compute_dtype", "auto"))
 
     def plan_module(cls: type, policy: PolicyPlan, algorithm: Any, **kwargs: Any) -> ModulePlan:
         _recorded(errors, AgentRLModule.check_args, policy.uses_lora, algorithm, kwargs.get("micro_batch_tokens", 4096))
@@ -121,6 +127,8 @@ def preflight(parser: ArgumentParser, config: Namespace, subcommand: str = "fit"
     module, data = fit.get("model"), fit.get("data")
     try:
         _check_trainer(config.get(subcommand, config))
+        if isinstance(module, ModulePlan):
+            check_bf16(module.policy, config.get(subcommand, config).get("trainer.accelerator"))
         if isinstance(module, ModulePlan) and hasattr(data, "configure"):
             _check_across(module, data)
     except ValueError as exc:
@@ -148,6 +156,27 @@ def _check_across(module: ModulePlan, data: Any) -> None:
     if sampling is not None and context and sampling.max_tokens >= context:
         raise ValueError(f"data.sampling.max_tokens must be less than the model's context window ({context} tokens "
                          f"for {module.policy.model}), got {sampling.max_tokens}")
+
+
+def check_bf16(policy: PolicyPlan, accelerator: Any) -> None:
+    """An explicit bf16 (compute or weights) on a device without native bf16 matmuls stops here, naming the key
+    (`agentrl.models.precision.check_explicit_bf16`); ``auto`` never does: it resolves to fp32 there."""
+    device = _device_type(accelerator)
+    if device is None:
+        return
+    for key, value in (("compute_dtype", policy.compute_dtype), ("dtype", policy.dtype)):
+        if value == "bfloat16":
+            check_explicit_bf16(f"model.policy.init_args.{key}", torch.device(device))
+
+
+def _device_type(accelerator: Any) -> str | None:
+    """The torch device type a Lightning ``trainer.accelerator`` trains on; None where agentrl has no bf16 rule, or
+    for a GPU this machine lacks (Lightning names that itself)."""
+    name = str(accelerator or "auto").lower()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    device = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}.get(name)
+    return None if device == "cuda" and not torch.cuda.is_available() else device
 
 
 def _check_peak_flops(value: Any) -> None:
