@@ -24,6 +24,7 @@ import http.client
 import json
 import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -178,22 +179,36 @@ class Tally:
 
 class KeptAlive:
     """One HTTP/1.1 connection for every request (`http.client` never reconnects behind our back): a connection
-    the server dropped is counted, then replaced."""
+    the server dropped is counted, then replaced.
+
+    The one drop that is not counted is HTTP's own idle timeout: uvicorn closes a kept-alive connection after
+    5 s without a request (``timeout_keep_alive``, as vLLM's server), and on a loaded machine hypothesis can take
+    that long to draw a multi-MiB body. So a connection idle for ``IDLE_S`` or more is replaced *before* the next
+    request (seen under a load average of 15: a BrokenPipe on a body the server then answered fine)."""
+
+    IDLE_S = 4.0
 
     def __init__(self, url: str, headers: dict[str, str], tally: Tally) -> None:
         parts = urlsplit(url)
         self.host, self.port, self.prefix = parts.hostname or "127.0.0.1", parts.port or 80, parts.path
         self.headers, self.tally = headers, tally
         self.conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+        self.last = time.monotonic()
 
     def post(self, path: str, body: Any) -> tuple[int, bytes]:
         # json.dumps writes NaN and Infinity (not JSON, but Python's parser, the server's, reads them) and lone
         # surrogates as \ud800 escapes
+        data = json.dumps(body)
+        if time.monotonic() - self.last >= self.IDLE_S:  # the server may have closed it as idle: not a reset
+            self.conn.close()
+            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
         try:
-            self.conn.request("POST", self.prefix + path, body=json.dumps(body),
+            self.conn.request("POST", self.prefix + path, body=data,
                               headers={**self.headers, "Content-Type": "application/json"})
             r = self.conn.getresponse()
-            return r.status, r.read()
+            answer = r.status, r.read()
+            self.last = time.monotonic()
+            return answer
         except (http.client.RemoteDisconnected, ConnectionError, http.client.BadStatusLine):
             self.tally.resets += 1
             self.conn.close()

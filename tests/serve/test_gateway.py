@@ -261,7 +261,7 @@ def test_a_sync_run_runs_off_the_loop_and_the_episode_timeout_holds(tiny_policy:
         messages: list[Any] = [{"role": "user", "content": "hi"}]
         try:
             client.chat.completions.create(model="m", messages=messages)
-            time.sleep(2.0)  # blocks this worker thread, not the rollout loop
+            time.sleep(4.0)  # blocks this worker thread, not the rollout loop; twice the episode timeout
             client.chat.completions.create(model="m", messages=messages)
         except openai.APIError as exc:
             late.append(exc)
@@ -269,7 +269,8 @@ def test_a_sync_run_runs_off_the_loop_and_the_episode_timeout_holds(tiny_policy:
             done.set()
         return "never scored"
 
-    col = _collector(tiny_policy, HTTPAgent(slow, lambda task, result: 1.0), episode_timeout=0.5)
+    # 2 s: the first reply must come back inside the timeout (0.5 s failed under a load average of 15)
+    col = _collector(tiny_policy, HTTPAgent(slow, lambda task, result: 1.0), episode_timeout=2.0)
     (traj,) = asyncio.run(col.collect_groups([Task("t")], 1, step=0))
     assert traj.failed and (traj.error or "").startswith("timeout:")
     assert traj.num_turns == 1
