@@ -61,6 +61,7 @@ from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.envs import CreditChainEnv
 from agentrl.models.policy import Policy
+from agentrl.models.precision import cpu_identity
 from agentrl.training.schedules import TokenPPO, TurnPPO
 from agentrl.types import Trajectory
 
@@ -272,7 +273,8 @@ def main() -> None:
            "env": make_env(args, args.distractors[0], args.noise[0]).metadata(),
            "critic": "untrained neutral critic (V = 0), no trained critic given",
            "rollouts": rollouts, "rows": rows, "seconds": time.perf_counter() - start,
-           "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()}}
+           "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()},
+           "cpu": cpu_identity()}
     print(f"[credit] {out['seconds']:.0f} s; rollouts: " + json.dumps(rollouts), flush=True)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
