@@ -118,8 +118,9 @@ def credit_attributes(traj: Trajectory, turn_index: int, credit: TurnCredit | No
     attrs: dict[str, Any] = {"agentrl.credit.trained": bool(credit is not None and credit.trained)}
     if credit is not None:
         attrs |= {"agentrl.credit.advantage": credit.advantage,
-                  "agentrl.credit.advantage_used": credit.advantage_used,
-                  "agentrl.credit.update": credit.update}
+                  "agentrl.credit.advantage_used": credit.advantage_used}
+        if credit.update:
+            attrs["agentrl.credit.update"] = credit.update
         for name, value in (("value", credit.value), ("return", credit.returns), ("is_weight", credit.is_weight)):
             if value is not None:
                 attrs[f"agentrl.credit.{name}"] = value
