@@ -140,3 +140,16 @@ def test_rtpo_trees_are_sampled_whole() -> None:
     assert sample_episodes(episodes, 8) == [trunk0, *sibs0, trunk1, *sibs1]
     flat = [Trajectory() for _ in range(5)]
     assert sample_episodes(flat, 3) == flat[:3]
+
+
+def test_the_importance_weight_value_and_return_of_a_turn() -> None:
+    from agentrl.training.credit import turn_credit
+
+    planned = TurnTargets([0.2, 0.4], [1.0, 0.9], [0.25, 0.3], per_token_values=True, weight=0.5)
+    used = TurnTargets([0.2, 0.4], [1.0, 0.9], [0.25, 0.3], per_token_values=True, weight=0.5,
+                       token_weights=[0.8, 1.0])  # TIS weights from the π_old recompute
+    credit = turn_credit(planned, used, 2, "")
+    assert credit.advantage == pytest.approx(0.3) and credit.trained
+    assert (credit.value, credit.returns) == (0.25, 1.0)  # at the turn's first response token: V(s_n), its target
+    assert credit.is_weight == pytest.approx(0.5 * 0.9)
+    assert turn_credit(TurnTargets(1.0), TurnTargets(1.0), 3, "").is_weight is None  # no correction: weight 1
