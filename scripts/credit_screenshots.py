@@ -10,7 +10,8 @@ are not all zero), logging every episode to a sqlite store in a temporary folder
 * ``review-credit-turn.png``: a Turn-PPO turn span's attributes (advantage, critic value, GAE return, trained);
 * ``review-credit-rtpo-sibling.png``: an RTPO sibling of depth 1, its root span naming its tree, role, depth,
   sibling group and its trunk's trace id;
-* ``review-credit-rtpo-branch.png``: that sibling's branch turn (turn 1): its depth-1 sibling advantage.
+* ``review-credit-rtpo-branch.png``: that sibling's branch turn (turn 1): its depth-1 sibling advantage;
+* ``review-credit-rtpo-trunk.png``: its trunk's tags: its own trace id, its tree and its siblings' trace ids.
 
 Each page is opened by URL (``#/experiments/<id>/traces?selectedEvaluationId=<trace id>``).
 """
@@ -97,23 +98,41 @@ def main() -> None:
                            args.out / "review-credit-rtpo-sibling.png")
                 shoot_span(browser, traces + sibling.info.trace_id, "turn 1",
                            args.out / "review-credit-rtpo-branch.png")
+                shoot_trunk_tags(browser, traces + sibling.info.tags["agentrl.rtpo.trunk_trace"],
+                                 args.out / "review-credit-rtpo-trunk.png")
             finally:
                 browser.close()
         finally:
             server.stop()
 
 
-def click_tab(browser: Browser, name: str) -> None:
-    """Click a tab as a mouse would (the tabs react to pointer events, not to a scripted ``click()``)."""
-    js = f"""(() => {{ const t = [...document.querySelectorAll('[role=tab]')]
-      .find(e => e.innerText.trim() === {name!r});
-      if (!t) return null; const r = t.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; }})()"""
+def mouse_click(browser: Browser, selector: str, pattern: str, what: str) -> None:
+    """Click, as a mouse would (tabs and popovers react to pointer events, not to a scripted ``click()``), the
+    last visible element matching ``selector`` whose text matches the regular expression ``pattern``."""
+    js = f"""(() => {{ const all = [...document.querySelectorAll({selector!r})]
+      .filter(e => e.offsetParent !== null && new RegExp({pattern!r}).test(e.innerText.trim()));
+      const t = all[all.length - 1]; if (!t) return null;
+      const r = t.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; }})()"""
     xy = browser.send("Runtime.evaluate", expression=js, returnByValue=True)["result"].get("value")
     if not xy:
-        raise SystemExit(f"no {name!r} tab on the page")
+        raise SystemExit(f"no {what} on the page")
     for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
         browser.send("Input.dispatchMouseEvent", type=kind, x=xy[0], y=xy[1], button="left", clickCount=1)
     time.sleep(4)
+
+
+def click_tab(browser: Browser, name: str) -> None:
+    mouse_click(browser, "[role=tab]", f"^{name}$", f"{name!r} tab")
+
+
+def shoot_trunk_tags(browser: Browser, url: str, out: Path) -> None:
+    """Open a trunk's trace and its root span's tags (its own id, its tree, its siblings' trace ids)."""
+    browser.open(url, wait=12)
+    browser.click_text("Got it", wait=1)
+    if not browser.click_text("episode", wait=4):
+        raise SystemExit(f"no episode span in {url}")
+    mouse_click(browser, "span, div, button", "^[0-9]+ tags$", "tags button")
+    browser.shoot(out, (0, 0, 1120, 460))
 
 
 def shoot_span(browser: Browser, url: str, span: str, out: Path) -> None:
