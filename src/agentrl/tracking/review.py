@@ -149,7 +149,8 @@ class TrajectoryLogger(pl.Callback):
 
     Args:
         every_n_steps: Steps between samples (0 disables trajectory logging).
-        max_trajectories: Episodes logged per sampled step.
+        max_trajectories: Episodes logged per sampled step (RTPO: whole trees, a trunk and its siblings, as
+            many as fit and at least one).
         traces: Log MLflow traces (besides the table).
         log_final_model: Log the trained policy as the ``final_model`` artifact at the end.
         final_model_min_steps: Log it only for runs of at least this many RL steps (``data.steps``): shorter trial
