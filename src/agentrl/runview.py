@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from agentrl.credit import StepRecord
 from agentrl.types import Trajectory
 
 
@@ -36,6 +37,8 @@ class RunView(abc.ABC):
         base_eval: The held-out evaluation of the starting weights (empty when none ran: resumed, or no
             evaluation episodes).
         last_eval: The latest held-out evaluation (empty when none ran).
+        step_record: The last step's episodes (every collection: RTPO trunks and siblings) and the credit its
+            updates gave each turn (`agentrl.credit`).
     """
 
     rl_step: int
@@ -43,6 +46,7 @@ class RunView(abc.ABC):
     last_metrics: Mapping[str, float]
     base_eval: Mapping[str, float]
     last_eval: Mapping[str, float]
+    step_record: StepRecord
 
     @property
     @abc.abstractmethod

@@ -17,17 +17,25 @@ Trace and span ids: OpenTelemetry (under MLflow's tracing) draws them from Pytho
 traces of another run in the same store. `log_episode` draws them from a freshly seeded state (`fresh_ids`) and
 gives the seeded state back afterwards, so ids are unique and tracing neither reads nor advances the training's
 random stream.
+
+Credit (`agentrl.credit`): each turn span carries what the step's update did with the turn, as ``agentrl.credit.*``
+attributes (`credit_attributes`: the schedule's advantage, the advantage the loss used after folding identical
+turns, the critic's value and return, the importance weight, whether it was trained, which update). RTPO episodes
+name their tree (``agentrl.rtpo.*`` trace tags and root attributes: tree, role, depth, sibling group, the trunk's
+trace id); each turn span says its part (trunk, replayed prefix, branch turn, continuation), and `link_tree` tags
+a trunk with its own id and its siblings' ids, so ``tags.`agentrl.rtpo.trunk_trace` = '<id>'`` lists a tree.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from agentrl.chat.tools import tool_call_id
+from agentrl.credit import TurnCredit
 from agentrl.types import Trajectory, Turn
 
 Message = dict[str, Any]
@@ -93,8 +101,59 @@ def fresh_ids() -> Iterator[None]:
         random.setstate(state)
 
 
+def rtpo_role(traj: Trajectory, turn_index: int) -> str | None:
+    """A turn's part in an RTPO tree: ``trunk``, ``prefix`` (replayed), ``branch`` (turn k, the trained one) or
+    ``continuation``; None outside RTPO."""
+    if traj.tree is None:
+        return None
+    if traj.branch_turn is None:
+        return "trunk"
+    if turn_index < traj.branch_turn:
+        return "prefix"
+    return "branch" if turn_index == traj.branch_turn else "continuation"
+
+
+def credit_attributes(traj: Trajectory, turn_index: int, credit: TurnCredit | None) -> dict[str, Any]:
+    """The turn span's ``agentrl.credit.*`` and ``agentrl.rtpo.*`` attributes (floats, ints, bools, strings)."""
+    attrs: dict[str, Any] = {"agentrl.credit.trained": bool(credit is not None and credit.trained)}
+    if credit is not None:
+        attrs |= {"agentrl.credit.advantage": credit.advantage,
+                  "agentrl.credit.advantage_used": credit.advantage_used}
+        if credit.update:
+            attrs["agentrl.credit.update"] = credit.update
+        for name, value in (("value", credit.value), ("return", credit.returns), ("is_weight", credit.is_weight)):
+            if value is not None:
+                attrs[f"agentrl.credit.{name}"] = value
+    role = rtpo_role(traj, turn_index)
+    if role is not None:
+        attrs["agentrl.rtpo.role"] = role
+        if traj.branch_turn is not None:
+            attrs["agentrl.rtpo.depth"] = traj.branch_turn
+            attrs["agentrl.rtpo.group"] = traj.group
+    return attrs
+
+
+def rtpo_tags(traj: Trajectory, trunk_trace: str | None) -> dict[str, str]:
+    """An RTPO episode's place in its tree as trace tags (searchable in the Traces tab); {} outside RTPO."""
+    if traj.tree is None:
+        return {}
+    tags = {"agentrl.rtpo.tree": str(traj.tree),
+            "agentrl.rtpo.role": "trunk" if traj.branch_turn is None else "sibling"}
+    if traj.branch_turn is not None:
+        tags |= {"agentrl.rtpo.depth": str(traj.branch_turn), "agentrl.rtpo.group": str(traj.group)}
+    if trunk_trace is not None:
+        tags["agentrl.rtpo.trunk_trace"] = trunk_trace
+    return tags
+
+
+def link_tree(client: Any, trunk_trace: str, sibling_traces: Sequence[str]) -> None:
+    """Tag a logged trunk with its own trace id (as its siblings are) and its siblings' trace ids."""
+    client.set_trace_tag(trunk_trace, "agentrl.rtpo.trunk_trace", trunk_trace)
+    client.set_trace_tag(trunk_trace, "agentrl.rtpo.siblings", ",".join(sibling_traces)[:7000])
+
+
 def log_episode(client: Any, traj: Trajectory, *, experiment_id: str, run_id: str, step: int, model: str,
-                reward_source: str) -> str:
+                reward_source: str, credit: Sequence[TurnCredit | None] = (), trunk_trace: str | None = None) -> str:
     """Record one episode as a trace (root AGENT span, a CHAT_MODEL span per turn, a TOOL span per call) and its
     reward and success as feedback assessments. Returns the trace id.
 
@@ -106,13 +165,17 @@ def log_episode(client: Any, traj: Trajectory, *, experiment_id: str, run_id: st
         step: RL step the episode was collected at.
         model: Model name shown on the chat spans.
         reward_source: Who scored the episode (the reward function's import path), the assessments' source.
+        credit: Per turn, what the step's update did with it (`agentrl.credit.StepRecord.credit`); () or None
+            entries: not trained.
+        trunk_trace: RTPO sibling: the trace id of its trunk, when the trunk was logged.
     """
     import mlflow
     from mlflow.entities import AssessmentSource, Feedback
     from mlflow.tracing.client import TracingClient
 
     with fresh_ids():
-        trace_id = _log_spans(client, traj, experiment_id=experiment_id, run_id=run_id, step=step, model=model)
+        trace_id = _log_spans(client, traj, experiment_id=experiment_id, run_id=run_id, step=step, model=model,
+                              credit=credit, trunk_trace=trunk_trace)
         mlflow.flush_trace_async_logging()  # the trace must be stored before assessments can reference it
         source = AssessmentSource(source_type="CODE", source_id=reward_source)
         tracing = TracingClient(client.tracking_uri)
@@ -121,17 +184,19 @@ def log_episode(client: Any, traj: Trajectory, *, experiment_id: str, run_id: st
     return trace_id
 
 
-def _log_spans(client: Any, traj: Trajectory, *, experiment_id: str, run_id: str, step: int, model: str) -> str:
+def _log_spans(client: Any, traj: Trajectory, *, experiment_id: str, run_id: str, step: int, model: str,
+               credit: Sequence[TurnCredit | None], trunk_trace: str | None) -> str:
     """The episode's spans (root, turns, tool calls); returns the trace id."""
     from mlflow.tracing import set_span_chat_tools
     from mlflow.tracing.constant import SpanAttributeKey
 
     inputs = turn_inputs(traj)
+    tree = rtpo_tags(traj, trunk_trace)
     root = client.start_trace(
         f"episode {traj.task_id}", span_type="AGENT",
         inputs={"task": traj.task_id, "seed": traj.seed, "messages": inputs[0] if inputs else []},
-        attributes={"step": step, "group": traj.group, "branch_turn": traj.branch_turn},
-        tags={"agentrl.step": str(step), "agentrl.task": traj.task_id},
+        attributes={"step": step, "group": traj.group, "branch_turn": traj.branch_turn, **tree},
+        tags={"agentrl.step": str(step), "agentrl.task": traj.task_id, **tree},
         experiment_id=experiment_id, run_id=run_id,
     )
     trace_id = root.trace_id
@@ -146,6 +211,7 @@ def _log_spans(client: Any, traj: Trajectory, *, experiment_id: str, run_id: str
                                               "total_tokens": prompt + completion},
                 "mean_logprob": sum(turn.logprobs) / max(len(turn.logprobs), 1),
                 "policy_version": turn.policy_version, "reward": turn.reward, "replayed": turn.forced,
+                **credit_attributes(traj, turn.index, credit[k] if k < len(credit) else None),
             },
         )
         if turn.tools:

@@ -6,10 +6,12 @@ an MLflow logger it records:
 
 * at the start: run tags (schedule, agent, environment, model, engine, world size, git commit) and a run
   description with the command line;
-* at the first step and every ``every_n_steps`` steps, up to ``max_trajectories`` episodes of the step as **MLflow
-  traces** in MLflow's chat format (`agentrl.tracking.chat`: a CHAT_MODEL span per turn with the full messages,
-  the reply and its tool calls, the tools offered and the token usage; a TOOL span per call; the episode's reward
-  and success as feedback assessments) and as rows of the ``trajectories.json`` table;
+* at the first step and every ``every_n_steps`` steps, up to ``max_trajectories`` episodes of the step (RTPO: whole
+  trees, a trunk and its siblings, at least one; `sample_episodes`) as **MLflow traces** in MLflow's chat format
+  (`agentrl.tracking.chat`: a CHAT_MODEL span per turn with the full messages, the reply and its tool calls, the
+  tools offered, the token usage and what the update did with the turn, its ``agentrl.credit.*`` attributes from
+  the step's `agentrl.credit.StepRecord`; a TOOL span per call; the episode's reward and success as feedback
+  assessments; RTPO trees linked by ``agentrl.rtpo.*`` tags) and as rows of the ``trajectories.json`` table;
 * at the end (`on_fit_end`: after the module's final held-out evaluation, which runs in its ``on_train_end``,
   after the callbacks'): ``reward_curve.png`` (with that final evaluation), ``rtpo_depths.png`` (RTPO runs:
   zero-advantage fraction, mean |A| and clipfrac per depth), the final policy as ``final_model/`` (loadable with
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +41,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from agentrl.runview import RunView, run_view
 from agentrl.tracking import figures
-from agentrl.tracking.chat import log_episode, reward_source
+from agentrl.tracking.chat import link_tree, log_episode, reward_source
 from agentrl.tracking.store import MLflowLogger
 from agentrl.types import Trajectory
 
@@ -57,6 +60,21 @@ def transcript(traj: Trajectory, max_chars: int = 4000) -> str:
         parts.append(f"[failed] {traj.error}")
     text = "\n".join(parts)
     return text if len(text) <= max_chars else text[: max_chars - 20] + "\n... (truncated)"
+
+
+def sample_episodes(episodes: Sequence[Trajectory], n: int) -> list[Trajectory]:
+    """The episodes of a step to log: the first ``n``; for RTPO whole trees (a trunk followed by its siblings,
+    deepest boundary first, as collected), as many trees as fit in ``n`` episodes and at least one."""
+    trunks = [t for t in episodes if t.tree is not None and t.branch_turn is None]
+    if not trunks:
+        return list(episodes[:n])
+    out: list[Trajectory] = []
+    for trunk in trunks:
+        tree = [trunk, *(t for t in episodes if t.tree == trunk.tree and t.branch_turn is not None)]
+        if out and len(out) + len(tree) > n:
+            break
+        out += tree
+    return out
 
 
 def safe_call(logger: MLFlowLogger, what: str, fn: Any) -> Any:
@@ -131,7 +149,8 @@ class TrajectoryLogger(pl.Callback):
 
     Args:
         every_n_steps: Steps between samples (0 disables trajectory logging).
-        max_trajectories: Episodes logged per sampled step.
+        max_trajectories: Episodes logged per sampled step (RTPO: whole trees, a trunk and its siblings, as
+            many as fit and at least one).
         traces: Log MLflow traces (besides the table).
         log_final_model: Log the trained policy as the ``final_model`` artifact at the end.
         final_model_min_steps: Log it only for runs of at least this many RL steps (``data.steps``): shorter trial
@@ -191,14 +210,10 @@ class TrajectoryLogger(pl.Callback):
         step = view.rl_step
         if not (self.every_n_steps and (step == 1 or step % self.every_n_steps == 0)):
             return
-        trajs = list(view.last_trajectories)[: self.max_trajectories]
-        model = view.model_name
-        source = reward_source(view.agent)
+        trajs = sample_episodes(view.step_record.episodes or view.last_trajectories, self.max_trajectories)
+        if self.traces:
+            self._log_traces(logger, view, trajs, step)
         for traj in trajs:
-            if self.traces:
-                safe_call(logger, "logging a trace", lambda c, r, t=traj: log_episode(
-                    c, t, experiment_id=logger.experiment_id or "0", run_id=r, step=step, model=model,
-                    reward_source=source))
             self._rows.append({"step": step, "task": traj.task_id, "reward": traj.total_reward,
                                "success": traj.success, "turns": traj.num_turns, "failed": traj.failed,
                                "transcript": transcript(traj)})
@@ -206,6 +221,26 @@ class TrajectoryLogger(pl.Callback):
             columns = {key: [r[key] for r in self._rows] for key in self._rows[0]}
             safe_call(logger, "logging the trajectory table",
                       lambda c, r: c.log_table(r, data=columns, artifact_file="trajectories.json"))
+
+    @staticmethod
+    def _log_traces(logger: MLFlowLogger, view: RunView, trajs: Sequence[Trajectory], step: int) -> None:
+        """``trajs`` as traces with their turns' credit; RTPO siblings name their trunk, trunks list siblings."""
+        model, source, record = view.model_name, reward_source(view.agent), view.step_record
+        trunks: dict[int, str] = {}  # RTPO: tree -> its trunk's trace id
+        siblings: dict[int, list[str]] = {}
+        for traj in trajs:
+            trunk = trunks.get(traj.tree) if traj.tree is not None and traj.branch_turn is not None else None
+            trace_id = safe_call(logger, "logging a trace", lambda c, r, t=traj, tr=trunk: log_episode(
+                c, t, experiment_id=logger.experiment_id or "0", run_id=r, step=step, model=model,
+                reward_source=source, credit=record.credit(t), trunk_trace=tr))
+            if trace_id and traj.tree is not None:
+                if traj.branch_turn is None:
+                    trunks[traj.tree] = trace_id
+                else:
+                    siblings.setdefault(traj.tree, []).append(trace_id)
+        for tree, trunk_id in trunks.items():
+            ids = siblings.get(tree, [])
+            safe_call(logger, "linking an RTPO tree", lambda c, r, t=trunk_id, s=ids: link_tree(c, t, s))
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from agentrl.agents.base import Task
+from agentrl.credit import StepRecord
 from agentrl.engines.specs import EngineSpec, HFEngineSpec
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
@@ -105,6 +106,7 @@ class AgentRLModule(pl.LightningModule, RunView):
         self.session = RolloutSession(self.engine_spec)
         self.ppo_update = PPOUpdate(policy, self.critic, self.optim, self.critic_settings, seed)
         self.last_trajectories: list[Trajectory] = []
+        self.step_record = StepRecord()  # the last step's episodes and per-turn credit (for the traces)
         self.last_metrics: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
         self.base_eval: dict[str, float] = {}  # the held-out evaluation of the starting weights (not on resume)
@@ -244,6 +246,7 @@ class AgentRLModule(pl.LightningModule, RunView):
         """Run one collection with the served weights; checks the version stamps and counts the cost."""
         trajs = self.session.collect(coro, self.policy_version)
         self.last_trajectories = trajs
+        self.step_record.add_episodes(trajs)
         return trajs
 
     def push_weights(self) -> None:
@@ -282,7 +285,8 @@ class AgentRLModule(pl.LightningModule, RunView):
         out = self.ppo_update.run(trajectories, targets, ppo, plan=self.row_plan,
                                   optimizers=opts if isinstance(opts, list) else [opts],
                                   backward=self.manual_backward, score_old=score_old,
-                                  temperature=self.temperature, step=self.rl_step, tag=tag)
+                                  temperature=self.temperature, step=self.rl_step, tag=tag,
+                                  record=self.step_record)
         memory.after_update(self)
         return out
 
@@ -313,6 +317,7 @@ class AgentRLModule(pl.LightningModule, RunView):
         start = time.perf_counter()
         self.session.take_costs()  # nothing from outside the step counts
         self.ppo_update.take_costs()
+        self.step_record = StepRecord()
         # under DDP, backward passes only accumulate locally; the update sums the gradients itself
         # (ranks run different numbers of backward passes: see agentrl.training.distributed)
         block_sync = getattr(self.trainer.strategy, "block_backward_sync", contextlib.nullcontext)

@@ -27,11 +27,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentrl.credit import StepRecord
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
 from agentrl.seeding import derive_seed
 from agentrl.training import distributed, sharding
 from agentrl.training.batching import Row, TurnKey, TurnTargets, token_counts
+from agentrl.training.credit import record_update
 from agentrl.training.mismatch import Scorer, with_old_logprobs
 from agentrl.training.objective import MinibatchCounts, fold_identical, informative_samples, ppo_objective
 from agentrl.training.rowplan import RowPlan
@@ -83,17 +85,21 @@ class PPOUpdate:
 
     def run(self, trajectories: Sequence[Trajectory], targets: dict[TurnKey, TurnTargets], ppo: PPOSettings, *,
             plan: RowPlan, optimizers: list[Any], backward: Callable[[Tensor], None], score_old: Scorer | None,
-            temperature: float, step: int, tag: str = "") -> dict[str, float]:
+            temperature: float, step: int, tag: str = "", record: StepRecord | None = None) -> dict[str, float]:
         """One update; returns the ``train/*`` metrics averaged over the minibatches whose losses were computed
         (counts, summed: ``train/minibatches``, ``train/optimizer_steps`` of the policy, ``train/skipped_updates``,
         ``train/early_stopped``), ``train/informative_samples``, ``train/lr_scale`` and the behaviour-correction
-        metrics. Every rank must call it, with or without turns."""
+        metrics. Every rank must call it, with or without turns. With a ``record``, each turn's credit (the
+        schedule's target and what the loss uses of it) goes into it (`agentrl.training.credit`)."""
         rows = plan.rows(trajectories, targets)
         most_rows = distributed.sync_max(len(rows), plan.device)
         if most_rows == 0:
             return {"train/skipped_updates": 1.0, "train/optimizer_steps": 0.0}
+        planned = rows
         rows = fold_identical(rows)  # identical turns take their fold's mean advantage (cancelled pairs: 0)
         rows, behaviour_stats = with_old_logprobs(trajectories, rows, ppo, score_old)
+        if record is not None:
+            record_update(record, trajectories, planned, rows, tag)
         packed, unpacked = token_counts(rows)
         self._costs["packed_tokens"] += packed
         self._costs["unpacked_tokens"] += unpacked
