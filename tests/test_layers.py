@@ -23,7 +23,7 @@ REPO = SRC.parents[1]
 
 # lowest first; a module may import its own layer or any layer before it
 LAYERS: list[tuple[str, ...]] = [
-    ("agentrl.types", "agentrl.seeding", "agentrl.algorithms", "agentrl.runview"),
+    ("agentrl.types", "agentrl.seeding", "agentrl.algorithms", "agentrl.runview", "agentrl.credit"),
     ("agentrl.chat",),
     ("agentrl.models",),
     ("agentrl.engines",),
