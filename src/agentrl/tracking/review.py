@@ -118,7 +118,7 @@ def run_tags(trainer: pl.Trainer, view: RunView) -> dict[str, str]:
         "agentrl.model": view.model_name,
         "agentrl.engine": view.engine_name,
         "agentrl.world_size": str(trainer.world_size),
-        "mlflow.note.content": f"Command:\n\n    agentrl fit {shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])}",
+        "mlflow.note.content": f"Command:\n\n    agentrl {shlex.join(sys.argv[1:] if len(sys.argv) > 1 else ['fit'])}",
     }
     commit = _git_commit()
     if commit:
@@ -156,6 +156,7 @@ class TrajectoryLogger(pl.Callback):
         self.register_model = register_model
         self._run_steps: int | None = None  # data.steps of the run, known at the start
         self._rows: list[dict[str, Any]] = []
+        self._eval_rows: list[dict[str, Any]] = []
 
     @staticmethod
     def _mlflow(trainer: pl.Trainer) -> MLFlowLogger | None:
@@ -192,13 +193,9 @@ class TrajectoryLogger(pl.Callback):
         if not (self.every_n_steps and (step == 1 or step % self.every_n_steps == 0)):
             return
         trajs = list(view.last_trajectories)[: self.max_trajectories]
-        model = view.model_name
-        source = reward_source(view.agent)
         for traj in trajs:
             if self.traces:
-                safe_call(logger, "logging a trace", lambda c, r, t=traj: log_episode(
-                    c, t, experiment_id=logger.experiment_id or "0", run_id=r, step=step, model=model,
-                    reward_source=source))
+                self._trace(logger, view, traj, step, {"agentrl.phase": "train"})
             self._rows.append({"step": step, "task": traj.task_id, "reward": traj.total_reward,
                                "success": traj.success, "turns": traj.num_turns, "failed": traj.failed,
                                "transcript": transcript(traj)})
@@ -206,6 +203,44 @@ class TrajectoryLogger(pl.Callback):
             columns = {key: [r[key] for r in self._rows] for key in self._rows[0]}
             safe_call(logger, "logging the trajectory table",
                       lambda c, r: c.log_table(r, data=columns, artifact_file="trajectories.json"))
+
+    def _trace(self, logger: MLFlowLogger, view: RunView, traj: Trajectory, step: int, tags: dict[str, str]) -> None:
+        """One episode as a trace (`agentrl.tracking.chat.log_episode`), with ``tags`` (the phase) on it."""
+        model, source = view.model_name, reward_source(view.agent)
+
+        def log(client: Any, run_id: str) -> None:
+            trace_id = log_episode(client, traj, experiment_id=logger.experiment_id or "0", run_id=run_id,
+                                   step=step, model=model, reward_source=source)
+            for key, value in tags.items():
+                client.set_trace_tag(trace_id, key, value)
+
+        safe_call(logger, "logging a trace", log)
+
+    def on_heldout_evaluation(self, trainer: pl.Trainer, pl_module: pl.LightningModule, held_out: Any) -> None:
+        """A held-out evaluation (`agentrl.training.evaluation.HeldOut`: base, periodic, final, or ``agentrl
+        validate``'s): every episode as a trace tagged ``agentrl.phase = eval`` and ``agentrl.eval = <label>``
+        (``<label> greedy`` for the greedy replay), and as rows of the ``eval_trajectories.json`` table."""
+        logger, view = self._mlflow(trainer), run_view(pl_module)
+        if logger is None or view is None or not trainer.is_global_zero or not self.traces:
+            return
+        for suffix, trajs in (("", held_out.episodes), (" greedy", held_out.greedy_episodes)):
+            label = f"{held_out.label}{suffix}"
+            for traj in trajs:
+                self._trace(logger, view, traj, held_out.step, {"agentrl.phase": "eval", "agentrl.eval": label})
+                self._eval_rows.append({"eval": label, "step": held_out.step, "task": traj.task_id,
+                                        "reward": traj.total_reward, "success": traj.success,
+                                        "turns": traj.num_turns, "failed": traj.failed, "transcript": transcript(traj)})
+        if self._eval_rows:
+            columns = {key: [r[key] for r in self._eval_rows] for key in self._eval_rows[0]}
+            safe_call(logger, "logging the evaluation table",
+                      lambda c, r: c.log_table(r, data=columns, artifact_file="eval_trajectories.json"))
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """``agentrl validate``: the evaluation run gets the run tags of a training run."""
+        logger, view = self._mlflow(trainer), run_view(pl_module)
+        if logger is not None and view is not None and trainer.is_global_zero and trainer.validating:
+            tags = run_tags(trainer, view)
+            safe_call(logger, "setting run tags", lambda c, r: [c.set_tag(r, k, v) for k, v in tags.items()])
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
