@@ -90,6 +90,10 @@ def test_validate_plays_the_heldout_tasks_of_a_checkpoint_and_logs_an_evaluation
     assert tags["agentrl.evaluation_of"] == str((trained / "checkpoints/smoke/last.ckpt").resolve())
     metrics = evaluation.data.metrics
     assert metrics["eval/episodes"] == 2 and 0.0 <= metrics["eval/success"] <= 1.0 and "eval/reward" in metrics
+    # the checkpoint holds the weights fit's final evaluation played with, and held-out seeds do not depend on the
+    # step: the same evaluation gives the same result
+    final = {key: training.data.metrics[key] for key in ("eval/success", "eval/reward", "eval/turns")}
+    assert {key: metrics[key] for key in final} == final
     assert _trace_tags(trained, evaluation) == Counter({("eval", "step 1 checkpoint"): 2})
     assert not any(k.startswith("rollout/") for k in metrics)  # nothing was trained
     assert torch.load(trained / "checkpoints/smoke/last.ckpt", weights_only=True)["agentrl"]["rl_step"] == 1
@@ -143,3 +147,20 @@ def test_a_finished_run_resumed_with_more_steps_continues_as_the_longer_run_woul
     assert resumed.last_metrics["rollout/reward"] == whole.last_metrics["rollout/reward"]
     for a, b in zip(resumed.policy.trainable_parameters(), whole.policy.trainable_parameters(), strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.slow
+def test_validate_evaluates_a_saved_model_folder_without_a_checkpoint(tmp_path: Path,
+                                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    from agentrl.models.policy import Policy
+
+    Policy("tiny-random", seed=0).save(tmp_path / "final_model", tokenizer=True)  # what a run logs as final_model/
+    capfd.readouterr()
+    code, out, err = _agentrl(tmp_path, "validate", ["--config", SMOKE, "--data.eval_episodes", "2",
+                                                     "--model.policy.init_args.model", "final_model"], capfd)
+    assert code == 0, err[-3000:]
+    assert re.search(LINE.format(label="model"), out, re.M), out
+    evaluation = _runs(tmp_path)["rtpo-guessnumber-s0-eval"]
+    assert evaluation.data.tags["agentrl.evaluation_of"] == "final_model"
+    assert evaluation.data.metrics["eval/episodes"] == 2
+    assert _trace_tags(tmp_path, evaluation) == Counter({("eval", "model"): 2})

@@ -9,7 +9,11 @@ an MLflow logger it records:
 * at the first step and every ``every_n_steps`` steps, up to ``max_trajectories`` episodes of the step as **MLflow
   traces** in MLflow's chat format (`agentrl.tracking.chat`: a CHAT_MODEL span per turn with the full messages,
   the reply and its tool calls, the tools offered and the token usage; a TOOL span per call; the episode's reward
-  and success as feedback assessments) and as rows of the ``trajectories.json`` table;
+  and success as feedback assessments) and as rows of the ``trajectories.json`` table; these traces are tagged
+  ``agentrl.phase = train``;
+* at every held-out evaluation (base, periodic, final, and ``agentrl validate``'s; the module hands it over through
+  ``on_heldout_evaluation``), each episode as a trace tagged ``agentrl.phase = eval`` and ``agentrl.eval =
+  <label>``, and as rows of ``eval_trajectories.json``;
 * at the end (`on_fit_end`: after the module's final held-out evaluation, which runs in its ``on_train_end``,
   after the callbacks'): ``reward_curve.png`` (with that final evaluation), ``rtpo_depths.png`` (RTPO runs:
   zero-advantage fraction, mean |A| and clipfrac per depth), the final policy as ``final_model/`` (loadable with
