@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agentrl",
         description="Fine-tune multi-turn LLM agents with turn-level RL (Turn-PPO, RTPO).",
         epilog="Examples:\n  agentrl fit --config configs/rtpo.yaml --data.steps 5\n"
+               "  agentrl validate --config configs/rtpo.yaml --ckpt_path last\n"
                "  agentrl serve tiny-random --port 8000\n\n" + COMMON_KEYS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
