@@ -1,6 +1,7 @@
 """The ``agentrl`` command line.
 
 ``agentrl fit --config configs/rtpo.yaml`` trains (LightningCLI, see `agentrl.training.cli`);
+``agentrl validate --config configs/rtpo.yaml --ckpt_path last`` evaluates a checkpoint on the held-out tasks;
 ``agentrl serve`` runs the embedded engine behind a vLLM-compatible HTTP API (see `agentrl.serve.server`).
 Subcommands import their heavy dependencies only when they run, so ``agentrl --help`` is fast.
 """
@@ -19,6 +20,8 @@ from agentrl.training.keys import COMMON_KEYS
 # subcommand -> (module, function taking argv, one-line help)
 _COMMANDS: dict[str, tuple[str, str, str]] = {
     "fit": ("agentrl.training.cli", "fit_main", "train an agent with live rollouts (--help for the config)"),
+    "validate": ("agentrl.training.cli", "validate_main",
+                 "play the held-out tasks with a checkpoint (--ckpt_path) and log an evaluation run"),
     "serve": ("agentrl.serve.server", "serve_main", "serve a model over a vLLM-compatible HTTP API"),
 }
 
@@ -36,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agentrl",
         description="Fine-tune multi-turn LLM agents with turn-level RL (Turn-PPO, RTPO).",
         epilog="Examples:\n  agentrl fit --config configs/rtpo.yaml --data.steps 5\n"
+               "  agentrl validate --config configs/rtpo.yaml --ckpt_path last\n"
                "  agentrl serve tiny-random --port 8000\n\n" + COMMON_KEYS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -12,6 +12,10 @@ an MLflow logger it records:
   tools offered, the token usage and what the update did with the turn, its ``agentrl.credit.*`` attributes from
   the step's `agentrl.credit.StepRecord`; a TOOL span per call; the episode's reward and success as feedback
   assessments; RTPO trees linked by ``agentrl.rtpo.*`` tags) and as rows of the ``trajectories.json`` table;
+  these traces are tagged ``agentrl.phase = train``;
+* at every held-out evaluation (base, periodic, final, and ``agentrl validate``'s; the module hands it over through
+  ``on_heldout_evaluation``), each episode as a trace tagged ``agentrl.phase = eval`` and ``agentrl.eval =
+  <label>``, and as rows of ``eval_trajectories.json``;
 * at the end (`on_fit_end`: after the module's final held-out evaluation, which runs in its ``on_train_end``,
   after the callbacks'): ``reward_curve.png`` (with that final evaluation), ``rtpo_depths.png`` (RTPO runs:
   zero-advantage fraction, mean |A| and clipfrac per depth), the final policy as ``final_model/`` (loadable with
@@ -39,6 +43,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from agentrl.credit import TurnCredit
 from agentrl.runview import RunView, run_view
 from agentrl.tracking import figures
 from agentrl.tracking.chat import link_tree, log_episode, reward_source
@@ -136,7 +141,7 @@ def run_tags(trainer: pl.Trainer, view: RunView) -> dict[str, str]:
         "agentrl.model": view.model_name,
         "agentrl.engine": view.engine_name,
         "agentrl.world_size": str(trainer.world_size),
-        "mlflow.note.content": f"Command:\n\n    agentrl fit {shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])}",
+        "mlflow.note.content": f"Command:\n\n    agentrl {shlex.join(sys.argv[1:] if len(sys.argv) > 1 else ['fit'])}",
     }
     commit = _git_commit()
     if commit:
@@ -175,6 +180,7 @@ class TrajectoryLogger(pl.Callback):
         self.register_model = register_model
         self._run_steps: int | None = None  # data.steps of the run, known at the start
         self._rows: list[dict[str, Any]] = []
+        self._eval_rows: list[dict[str, Any]] = []
 
     @staticmethod
     def _mlflow(trainer: pl.Trainer) -> MLFlowLogger | None:
@@ -222,17 +228,15 @@ class TrajectoryLogger(pl.Callback):
             safe_call(logger, "logging the trajectory table",
                       lambda c, r: c.log_table(r, data=columns, artifact_file="trajectories.json"))
 
-    @staticmethod
-    def _log_traces(logger: MLFlowLogger, view: RunView, trajs: Sequence[Trajectory], step: int) -> None:
+    def _log_traces(self, logger: MLFlowLogger, view: RunView, trajs: Sequence[Trajectory], step: int) -> None:
         """``trajs`` as traces with their turns' credit; RTPO siblings name their trunk, trunks list siblings."""
-        model, source, record = view.model_name, reward_source(view.agent), view.step_record
+        record = view.step_record
         trunks: dict[int, str] = {}  # RTPO: tree -> its trunk's trace id
         siblings: dict[int, list[str]] = {}
         for traj in trajs:
             trunk = trunks.get(traj.tree) if traj.tree is not None and traj.branch_turn is not None else None
-            trace_id = safe_call(logger, "logging a trace", lambda c, r, t=traj, tr=trunk: log_episode(
-                c, t, experiment_id=logger.experiment_id or "0", run_id=r, step=step, model=model,
-                reward_source=source, credit=record.credit(t), trunk_trace=tr))
+            trace_id = self._trace(logger, view, traj, step, {"agentrl.phase": "train"},
+                                   credit=record.credit(traj), trunk_trace=trunk)
             if trace_id and traj.tree is not None:
                 if traj.branch_turn is None:
                     trunks[traj.tree] = trace_id
@@ -241,6 +245,50 @@ class TrajectoryLogger(pl.Callback):
         for tree, trunk_id in trunks.items():
             ids = siblings.get(tree, [])
             safe_call(logger, "linking an RTPO tree", lambda c, r, t=trunk_id, s=ids: link_tree(c, t, s))
+
+    @staticmethod
+    def _trace(logger: MLFlowLogger, view: RunView, traj: Trajectory, step: int, tags: dict[str, str], *,
+               credit: Sequence[TurnCredit | None] = (), trunk_trace: str | None = None) -> str | None:
+        """One episode as a trace (`agentrl.tracking.chat.log_episode`) with ``tags`` (the phase) on it and, for
+        a training episode, its turns' credit and RTPO trunk. Returns the trace id (None if the store failed)."""
+        model, source = view.model_name, reward_source(view.agent)
+
+        def log(client: Any, run_id: str) -> str:
+            trace_id = log_episode(client, traj, experiment_id=logger.experiment_id or "0", run_id=run_id,
+                                   step=step, model=model, reward_source=source, credit=credit,
+                                   trunk_trace=trunk_trace)
+            for key, value in tags.items():
+                client.set_trace_tag(trace_id, key, value)
+            return trace_id
+
+        trace_id: str | None = safe_call(logger, "logging a trace", log)
+        return trace_id
+
+    def on_heldout_evaluation(self, trainer: pl.Trainer, pl_module: pl.LightningModule, held_out: Any) -> None:
+        """A held-out evaluation (`agentrl.training.evaluation.HeldOut`: base, periodic, final, or ``agentrl
+        validate``'s): every episode as a trace tagged ``agentrl.phase = eval`` and ``agentrl.eval = <label>``
+        (``<label> greedy`` for the greedy replay), and as rows of the ``eval_trajectories.json`` table."""
+        logger, view = self._mlflow(trainer), run_view(pl_module)
+        if logger is None or view is None or not trainer.is_global_zero or not self.traces:
+            return
+        for suffix, trajs in (("", held_out.episodes), (" greedy", held_out.greedy_episodes)):
+            label = f"{held_out.label}{suffix}"
+            for traj in trajs:
+                self._trace(logger, view, traj, held_out.step, {"agentrl.phase": "eval", "agentrl.eval": label})
+                self._eval_rows.append({"eval": label, "step": held_out.step, "task": traj.task_id,
+                                        "reward": traj.total_reward, "success": traj.success,
+                                        "turns": traj.num_turns, "failed": traj.failed, "transcript": transcript(traj)})
+        if self._eval_rows:
+            columns = {key: [r[key] for r in self._eval_rows] for key in self._eval_rows[0]}
+            safe_call(logger, "logging the evaluation table",
+                      lambda c, r: c.log_table(r, data=columns, artifact_file="eval_trajectories.json"))
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """``agentrl validate``: the evaluation run gets the run tags of a training run."""
+        logger, view = self._mlflow(trainer), run_view(pl_module)
+        if logger is not None and view is not None and trainer.is_global_zero and trainer.validating:
+            tags = run_tags(trainer, view)
+            safe_call(logger, "setting run tags", lambda c, r: [c.set_tag(r, k, v) for k, v in tags.items()])
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:

@@ -6,6 +6,8 @@ run name that says what ran), one epoch of ``data.steps`` RL steps, one line per
 unless ``AGENTRL_VERBOSE=1``, ``checkpoints/last.ckpt`` every ``checkpoint.every_n_steps`` steps and at the end, a
 graceful stop on SIGINT/SIGTERM, and ``--ckpt_path last`` to resume. Unknown keys, wrong types and out-of-range
 values stop the run before any work (no model load, no MLflow run), naming the key (`agentrl.training.preflight`).
+
+``agentrl validate`` is LightningCLI's ``validate`` over the same classes and config (`agentrl.training.validate`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from agentrl.models.policy import LoRATargetError
 from agentrl.tracking import DEFAULT_TRACKING_URI, TrajectoryLogger, log_config, reopen_run
 from agentrl.tracking.store import logger_entries
+from agentrl.training import validate
 from agentrl.training.callbacks import GracefulStop, RLCheckpoint
 from agentrl.training.checkpoint_io import CheckpointError, check_checkpoint
 from agentrl.training.cli_errors import AgentRLArgumentParser
@@ -106,6 +109,12 @@ class AgentRLCLI(LightningCLI):
         if self.subcommand in (None, "fit"):
             _warn_missing_resume(config)
             reopen_run(config)  # --ckpt_path continues the checkpoint's MLflow run
+        elif self.subcommand == "validate":
+            try:
+                validate.check_validate(config)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            validate.tag_evaluation_run(config)  # a new run, named and tagged as an evaluation
 
     def before_fit(self) -> None:
         # resuming loads checkpoints with torch.load(weights_only=True) unless the user says otherwise
@@ -113,6 +122,14 @@ class AgentRLCLI(LightningCLI):
         if "weights_only" in config and config["weights_only"] is None:
             config["weights_only"] = True
         _show_episode_logs(getattr(self.datamodule, "agent", None))
+
+    def before_validate(self) -> None:
+        self.before_fit()  # the same: checkpoints loaded with weights_only, episode logs shown
+
+    def after_validate(self) -> None:
+        line = validate.run_line(self.trainer) if self.trainer.is_global_zero else None
+        if line:
+            print(f"[agentrl] {line}", flush=True)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)
@@ -174,8 +191,10 @@ def add_import_paths(argv: Sequence[str]) -> None:
             sys.path.append(str(folder))
 
 
-def run_fit(argv: Sequence[str], *, parser_class: type[AgentRLArgumentParser] = AgentRLArgumentParser) -> AgentRLCLI:
-    """``agentrl fit`` with these (already split) arguments, in this process; returns the finished CLI object.
+def run_fit(argv: Sequence[str], *, parser_class: type[AgentRLArgumentParser] = AgentRLArgumentParser,
+            subcommand: str = "fit") -> AgentRLCLI:
+    """``agentrl fit`` (or ``validate``) with these (already split) arguments, in this process; returns the
+    finished CLI object.
 
     Raises:
         ConfigError: a wrong value found by the checks before any work (`agentrl.training.preflight`).
@@ -193,7 +212,7 @@ def run_fit(argv: Sequence[str], *, parser_class: type[AgentRLArgumentParser] = 
     return AgentRLCLI(
         AgentRLModule,
         RolloutDataModule,
-        args=["fit", *normalize_argv(argv)],
+        args=[subcommand, *normalize_argv(argv)],
         parser_class=parser_class,
         save_config_callback=MLflowConfig,
         save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
@@ -202,16 +221,22 @@ def run_fit(argv: Sequence[str], *, parser_class: type[AgentRLArgumentParser] = 
     )
 
 
-def fit_main(argv: Sequence[str]) -> int:
+def fit_main(argv: Sequence[str], subcommand: str = "fit") -> int:
     """Entry point of ``agentrl fit``."""
     if any(a in ("-h", "--help") for a in argv):
         print(COMMON_KEYS)
     try:
-        run_fit(argv)
+        run_fit(argv, subcommand=subcommand)
     except ConfigError as exc:
-        print(f"agentrl fit: config error: {exc}", file=sys.stderr, flush=True)
+        print(f"agentrl {subcommand}: config error: {exc}", file=sys.stderr, flush=True)
         return 2
     except (CheckpointError, LoRATargetError) as exc:  # found after the load began: still one line, no traceback
-        print(f"agentrl fit: {exc}", file=sys.stderr, flush=True)
+        print(f"agentrl {subcommand}: {exc}", file=sys.stderr, flush=True)
         return 2
     return 0
+
+
+def validate_main(argv: Sequence[str]) -> int:
+    """Entry point of ``agentrl validate`` (`agentrl.training.validate`): the same config as ``fit`` and
+    ``--ckpt_path``; plays the held-out tasks once and logs an evaluation run."""
+    return fit_main(argv, subcommand="validate")

@@ -221,6 +221,10 @@ class RolloutDataModule(pl.LightningDataModule):
             self._stream = TaskStream(self.tasks, self.tasks_per_step, self.steps, rank, world)
         return self._stream
 
+    def val_dataloader(self) -> TaskStream:
+        """``agentrl validate``: one batch, the held-out tasks (`AgentRLModule.validation_step` plays them)."""
+        return TaskStream(self.eval_tasks, self.eval_episodes, steps=1)
+
     def state_dict(self) -> dict[str, Any]:
         return {"stream": self._stream.state_dict() if self._stream else {"step": 0}}
 

@@ -10,6 +10,9 @@ When evaluations run (`EvalPlan`): at the start (the base model), every ``data.e
 ``data.eval_every_tokens`` generated tokens, and at the end. ``data.max_generated_tokens`` ends the run (with its
 final evaluation) at the first step that reaches the budget; ``data.steps`` stays an upper bound.
 
+The held-out episodes themselves come back with the metrics (`HeldOut`): ``agentrl fit`` and ``agentrl validate``
+hand them to the callbacks (`TrajectoryLogger` records them as MLflow traces tagged ``agentrl.phase = eval``).
+
 Everything here takes values (the plan, the rollout session, counts) and returns values; the trainer logs the
 metrics and decides to stop.
 """
@@ -17,8 +20,8 @@ metrics and decides to stop.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from agentrl.training.schedules import rollout_metrics
 
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
     from agentrl.agents.base import Task
     from agentrl.training.datamodule import RolloutDataModule
     from agentrl.training.session import RolloutSession
+    from agentrl.types import Trajectory
 
 
 @dataclass(frozen=True)
@@ -63,15 +67,27 @@ class EvalPlan:
         return step >= self.steps or self.budget_spent(generated_tokens)
 
 
-def evaluate(session: RolloutSession, tasks: Sequence[Task], *, greedy: bool,
-             generated_tokens: int) -> dict[str, float]:
-    """Play ``tasks`` with the served weights (sampled, and greedily if asked): ``eval/*`` metrics."""
-    metrics = {k.replace("rollout/", "eval/"): v for k, v in rollout_metrics(session.play(tasks)).items()}
+@dataclass(frozen=True)
+class HeldOut:
+    """One held-out evaluation: its ``eval/*`` metrics and the episodes played (sampled, then greedy if asked)."""
+
+    label: str
+    step: int
+    metrics: dict[str, float]
+    episodes: list[Trajectory] = field(default_factory=list)
+    greedy_episodes: list[Trajectory] = field(default_factory=list)
+
+
+def evaluate(session: RolloutSession, tasks: Sequence[Task], *, greedy: bool, generated_tokens: int,
+             label: str = "", step: int = 0) -> HeldOut:
+    """Play ``tasks`` with the served weights (sampled, and greedily if asked): ``eval/*`` metrics and episodes."""
+    episodes = session.play(tasks)
+    metrics = {k.replace("rollout/", "eval/"): v for k, v in rollout_metrics(episodes).items()}
+    greedy_episodes = session.play(tasks, temperature=0.0) if greedy else []
     if greedy:
-        played = session.play(tasks, temperature=0.0)
-        metrics.update({k.replace("rollout/", "eval/greedy_"): v for k, v in rollout_metrics(played).items()})
+        metrics.update({k.replace("rollout/", "eval/greedy_"): v for k, v in rollout_metrics(greedy_episodes).items()})
     metrics["eval/generated_tokens"] = float(generated_tokens)
-    return metrics
+    return HeldOut(label, step, metrics, episodes, greedy_episodes)
 
 
 def summary_line(label: str, episodes: int, metrics: Mapping[str, float], greedy: bool) -> str:
@@ -81,3 +97,31 @@ def summary_line(label: str, episodes: int, metrics: Mapping[str, float], greedy
     if greedy:
         line += f", greedy success {metrics.get('eval/greedy_success', nan):.3f}"
     return f"[agentrl] {label} evaluation on {episodes} held-out episodes: {line}"
+
+
+def tell_callbacks(trainer: Any, pl_module: Any, held_out: HeldOut) -> None:
+    """Hand an evaluation to every callback with an ``on_heldout_evaluation(trainer, pl_module, held_out)`` method.
+
+    Lightning has no hook for it: the base evaluation runs in the module's ``on_train_start``, the final one in its
+    ``on_train_end``, both after the callbacks' hooks of the same name, so a callback would see them late or never.
+    """
+    for callback in getattr(trainer, "callbacks", []):
+        hook = getattr(callback, "on_heldout_evaluation", None)
+        if callable(hook):
+            hook(trainer, pl_module, held_out)
+
+
+def continue_finished_run(trainer: Any, checkpoint: Mapping[str, Any], rl_step: int) -> None:
+    """Resuming a finished run with a larger ``data.steps`` trains the steps it lacks.
+
+    A run is one Lightning epoch of ``data.steps`` batches; its last checkpoint records that epoch as done, so
+    Lightning's loop (``max_epochs: 1``) would stop at once: the resume trained nothing and printed ``done: 6 steps
+    in 0:00:00``. The loop gets one more epoch, over what the task stream (restored at its step) has left.
+    """
+    if trainer is None or trainer.state.fn != "fit" or rl_step >= getattr(trainer.datamodule, "steps", 0):
+        return
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
+    epochs_done = int(progress.get("processed", 0))
+    loop = trainer.fit_loop
+    if isinstance(loop.max_epochs, int) and 0 <= loop.max_epochs <= epochs_done:
+        loop.max_epochs = epochs_done + 1

@@ -155,6 +155,8 @@ class AgentRLModule(pl.LightningModule, RunView):
 
     def setup(self, stage: str) -> None:
         self.data.configure(self.algorithm.episodes_per_task)  # a bad batch size stops here, before any work
+        if stage == "fit":  # fit evaluates by itself (base, eval_every, final): no Lightning validation loop on top
+            self.trainer.limit_val_batches = 0
 
     def on_fit_start(self) -> None:
         # after checkpoint restore and device placement: the engine starts at the restored policy version
@@ -194,6 +196,7 @@ class AgentRLModule(pl.LightningModule, RunView):
         self.rl_step = int(state.get("rl_step", 0))
         self.policy_version = int(state.get("policy_version", 0))
         self.generated_tokens = int(state.get("generated_tokens", 0))
+        evaluation.continue_finished_run(self._trainer, checkpoint, self.rl_step)  # a resume with more data.steps
         if self.session.started:  # restored after the engine started (sharded checkpoints): serve these weights
             self.session.push(self._serve_policy(), self.policy_version)
 
@@ -216,14 +219,30 @@ class AgentRLModule(pl.LightningModule, RunView):
         plan = self._eval_plan
         if not plan.episodes or not self.session.started or not self.trainer.is_global_zero:
             return {}
-        metrics = evaluation.evaluate(self.session, self.data.eval_task_list(), greedy=plan.greedy,
-                                      generated_tokens=self.generated_tokens)
+        held_out = evaluation.evaluate(self.session, self.data.eval_task_list(), greedy=plan.greedy,
+                                       generated_tokens=self.generated_tokens, label=label, step=self.rl_step)
+        metrics = held_out.metrics
         for logger in self.trainer.loggers:  # every logger: `trainer.logger` is only the first of several
             logger.log_metrics(metrics, step=self.rl_step)
             logger.save()
         print(evaluation.summary_line(label, plan.episodes, metrics, plan.greedy), flush=True)
+        evaluation.tell_callbacks(self.trainer, self, held_out)  # e.g. TrajectoryLogger traces the episodes
         self.last_eval = metrics
         return metrics
+
+    # ------------------------------------------------------------------ `agentrl validate` (Lightning's validate)
+
+    def on_validation_start(self) -> None:
+        if self.trainer.validating:
+            self.attach(self.data.make_collector)  # after the checkpoint's weights were loaded
+
+    def validation_step(self, tasks: list[Task], batch_idx: int) -> None:
+        ckpt = self.trainer.ckpt_path
+        self.evaluate(f"step {self.rl_step} checkpoint" if ckpt else "model")
+
+    def on_validation_end(self) -> None:
+        if self.trainer.validating:
+            self.detach()
 
     @property
     def _eval_plan(self) -> evaluation.EvalPlan:
