@@ -43,7 +43,7 @@ from agentrl.tracking.review import TrajectoryLogger
 
 VERBOSE_ENV = "AGENTRL_VERBOSE"
 _NOISY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "mlflow", "alembic",
-                  "transformers", "httpx", "urllib3", "huggingface_hub", "agentrl")
+                  "transformers", "httpx", "urllib3", "huggingface_hub", "datasets", "agentrl")
 
 
 def verbose() -> bool:
@@ -59,6 +59,7 @@ def quiet_libraries() -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # read when `datasets` is first imported
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "warning")
     for name in _NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
