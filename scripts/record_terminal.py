@@ -3,7 +3,9 @@
 Runs the command in a pseudo-terminal (the program sees a TTY, as in a user's shell, so anything that draws only
 on terminals is captured too), in a fresh working directory, and keeps every output line with the second it
 appeared. The transcript (carriage-return redraws resolved, colour codes removed) goes to
-``docs/examples/terminal_main_job.txt``: the lines of the first minute, then the last lines. The README block
+``docs/examples/terminal_main_job.txt``: the lines of the first minute, then the last lines. The status line that
+``agentrl fit`` redraws in place inside a step (``  step 1/2 · collecting: ...``) leaves no line of its own on a
+terminal; the transcript keeps its last state in each phase (`status_frames`), where it stood. The README block
 between ``<!-- terminal:start -->`` and ``<!-- terminal:end -->`` is replaced by that transcript and the exact
 command that produced it.
 
@@ -48,13 +50,28 @@ def record(cmd: list[str], cwd: Path) -> tuple[list[tuple[float, str]], int]:
                 break
             pending += chunk
             *done, pending = pending.split("\n")
-            lines += [(time.monotonic() - start, _clean(line)) for line in done]
+            now = time.monotonic() - start
+            lines += [(now, text) for line in done for text in [*status_frames(line), _clean(line)]]
         elif proc.poll() is not None:
             break
     if pending.strip():
         lines.append((time.monotonic() - start, _clean(pending)))
     os.close(master)
     return lines, proc.wait()
+
+
+def _phase(frame: str) -> str:
+    """The phase of a status frame (``  step 1/2 · RTPO depth k=1 (1/2) · updating``): without the counts and the
+    clock, which may be cut at the terminal's width."""
+    where, _, what = frame.rpartition(" · ")
+    return f"{where} · {re.split(r':| [(]', what.strip(), maxsplit=1)[0]}"
+
+
+def status_frames(line: str) -> list[str]:
+    """The status lines redrawn (and overwritten) within ``line``: the last frame of each phase, in order."""
+    frames = [ANSI.sub("", f).rstrip() for f in line.rstrip("\r").split("\r")[:-1]]
+    frames = [f for f in frames if f.strip()]
+    return [f for i, f in enumerate(frames) if i + 1 == len(frames) or _phase(frames[i + 1]) != _phase(f)]
 
 
 def _clean(line: str) -> str:
@@ -109,7 +126,9 @@ def main() -> int:
         block = (f"{START}\n```console\n{body}```\n<sub>Recorded by `python scripts/record_terminal.py --steps "
                  f"{args.steps} --eval-episodes {args.eval_episodes}` (a pseudo-terminal, every line of the first "
                  f"{args.first_seconds:.0f} s, then the last {args.last_lines}; the temporary run directory shows as "
-                 f"/your/run/dir). Step times depend on the machine and its load."
+                 f"/your/run/dir; the indented `step k/N ·` and `evaluating` lines are the status line, redrawn in "
+                 f"place during the run, kept at its last state in each phase). Step times depend on the machine and "
+                 f"its load."
                  f"</sub>\n{END}")
         head, rest = doc.split(START, 1)
         readme.write_text(head + block + rest.split(END, 1)[1])
