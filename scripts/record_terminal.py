@@ -16,6 +16,7 @@ command that produced it.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pty
 import re
@@ -90,6 +91,19 @@ def transcript(lines: list[tuple[float, str]], first_s: float, last_n: int) -> s
     return "\n".join([*head, *middle, *tail])
 
 
+def _note(args: argparse.Namespace, lines: list[tuple[float, str]], text: str) -> str:
+    """The README's line under the transcript: how it was recorded and what was left out."""
+    flags = f"--steps {args.steps} --eval-episodes {args.eval_episodes}"
+    if (args.first_seconds, args.last_lines) != (60.0, 12):
+        flags += f" --first-seconds {args.first_seconds:g} --last-lines {args.last_lines}"
+    kept = ("every line" if text == transcript(lines, float("inf"), 0) else
+            f"every line of the first {args.first_seconds:.0f} s, then the last {args.last_lines}")
+    return (f"Recorded by `python scripts/record_terminal.py {flags}` (a pseudo-terminal, {kept}; the temporary run "
+            "directory shows as /your/run/dir; the indented `step k/N ·` and `evaluating` lines are the status "
+            "line, redrawn in place during the run, kept at its last state in each phase). Step times depend on the "
+            "machine and its load.")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=2, help="RL steps (the main job has 15)")
@@ -99,6 +113,7 @@ def main() -> int:
     parser.add_argument("--last-lines", type=int, default=12)
     parser.add_argument("--out", default="docs/examples/terminal_main_job.txt")
     parser.add_argument("--readme", default="README.md", help="file whose terminal block is replaced ('' skips)")
+    parser.add_argument("--raw", default="", help="also write every (second, line) here as JSON, to cut again")
     args = parser.parse_args()
     shown = ["agentrl", "fit", "--config", args.config, "--data.steps", str(args.steps),
              "--data.eval_episodes", str(args.eval_episodes)]
@@ -106,6 +121,8 @@ def main() -> int:
         config = str(ROOT / args.config)
         cmd = [sys.executable, "-m", "agentrl.cli", *shown[1:3], config, *shown[4:]]
         lines, code = record(cmd, Path(tmp))
+        if args.raw:
+            Path(args.raw).write_text(json.dumps([(t, text.replace(tmp, "/your/run/dir")) for t, text in lines]))
         text = transcript(lines, args.first_seconds, args.last_lines).replace(tmp, "/your/run/dir")
     if code != 0:
         print(text, file=sys.stderr)
@@ -123,13 +140,7 @@ def main() -> int:
         if START not in doc or END not in doc:
             print(f"{readme} has no {START} ... {END} block; transcript left in {out}", file=sys.stderr)
             return 1
-        block = (f"{START}\n```console\n{body}```\n<sub>Recorded by `python scripts/record_terminal.py --steps "
-                 f"{args.steps} --eval-episodes {args.eval_episodes}` (a pseudo-terminal, every line of the first "
-                 f"{args.first_seconds:.0f} s, then the last {args.last_lines}; the temporary run directory shows as "
-                 f"/your/run/dir; the indented `step k/N ·` and `evaluating` lines are the status line, redrawn in "
-                 f"place during the run, kept at its last state in each phase). Step times depend on the machine and "
-                 f"its load."
-                 f"</sub>\n{END}")
+        block = f"{START}\n```console\n{body}```\n<sub>{_note(args, lines, text)}</sub>\n{END}"
         head, rest = doc.split(START, 1)
         readme.write_text(head + block + rest.split(END, 1)[1])
     return 0
