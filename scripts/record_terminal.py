@@ -3,7 +3,9 @@
 Runs the command in a pseudo-terminal (the program sees a TTY, as in a user's shell, so anything that draws only
 on terminals is captured too), in a fresh working directory, and keeps every output line with the second it
 appeared. The transcript (carriage-return redraws resolved, colour codes removed) goes to
-``docs/examples/terminal_main_job.txt``: the lines of the first minute, then the last lines. The README block
+``docs/examples/terminal_main_job.txt``: the lines of the first minute, then the last lines. The status line that
+``agentrl fit`` redraws in place inside a step (``  step 1/2 · collecting: ...``) leaves no line of its own on a
+terminal; the transcript keeps its last state in each phase (`status_frames`), where it stood. The README block
 between ``<!-- terminal:start -->`` and ``<!-- terminal:end -->`` is replaced by that transcript and the exact
 command that produced it.
 
@@ -14,6 +16,7 @@ command that produced it.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pty
 import re
@@ -48,13 +51,28 @@ def record(cmd: list[str], cwd: Path) -> tuple[list[tuple[float, str]], int]:
                 break
             pending += chunk
             *done, pending = pending.split("\n")
-            lines += [(time.monotonic() - start, _clean(line)) for line in done]
+            now = time.monotonic() - start
+            lines += [(now, text) for line in done for text in [*status_frames(line), _clean(line)]]
         elif proc.poll() is not None:
             break
     if pending.strip():
         lines.append((time.monotonic() - start, _clean(pending)))
     os.close(master)
     return lines, proc.wait()
+
+
+def _phase(frame: str) -> str:
+    """The phase of a status frame (``  step 1/2 · RTPO depth k=1 (1/2) · updating``): without the counts and the
+    clock, which may be cut at the terminal's width."""
+    where, _, what = frame.rpartition(" · ")
+    return f"{where} · {re.split(r':| [(]', what.strip(), maxsplit=1)[0]}"
+
+
+def status_frames(line: str) -> list[str]:
+    """The status lines redrawn (and overwritten) within ``line``: the last frame of each phase, in order."""
+    frames = [ANSI.sub("", f).rstrip() for f in line.rstrip("\r").split("\r")[:-1]]
+    frames = [f for f in frames if f.strip()]
+    return [f for i, f in enumerate(frames) if i + 1 == len(frames) or _phase(frames[i + 1]) != _phase(f)]
 
 
 def _clean(line: str) -> str:
@@ -73,6 +91,19 @@ def transcript(lines: list[tuple[float, str]], first_s: float, last_n: int) -> s
     return "\n".join([*head, *middle, *tail])
 
 
+def _note(args: argparse.Namespace, lines: list[tuple[float, str]], text: str) -> str:
+    """The README's line under the transcript: how it was recorded and what was left out."""
+    flags = f"--steps {args.steps} --eval-episodes {args.eval_episodes}"
+    if (args.first_seconds, args.last_lines) != (60.0, 12):
+        flags += f" --first-seconds {args.first_seconds:g} --last-lines {args.last_lines}"
+    kept = ("every line" if text == transcript(lines, float("inf"), 0) else
+            f"every line of the first {args.first_seconds:.0f} s, then the last {args.last_lines}")
+    return (f"Recorded by `python scripts/record_terminal.py {flags}` (a pseudo-terminal, {kept}; the temporary run "
+            "directory shows as /your/run/dir; the indented `step k/N ·` and `evaluating` lines are the status "
+            "line, redrawn in place during the run, kept at its last state in each phase). Step times depend on the "
+            "machine and its load.")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=2, help="RL steps (the main job has 15)")
@@ -82,6 +113,7 @@ def main() -> int:
     parser.add_argument("--last-lines", type=int, default=12)
     parser.add_argument("--out", default="docs/examples/terminal_main_job.txt")
     parser.add_argument("--readme", default="README.md", help="file whose terminal block is replaced ('' skips)")
+    parser.add_argument("--raw", default="", help="also write every (second, line) here as JSON, to cut again")
     args = parser.parse_args()
     shown = ["agentrl", "fit", "--config", args.config, "--data.steps", str(args.steps),
              "--data.eval_episodes", str(args.eval_episodes)]
@@ -89,6 +121,8 @@ def main() -> int:
         config = str(ROOT / args.config)
         cmd = [sys.executable, "-m", "agentrl.cli", *shown[1:3], config, *shown[4:]]
         lines, code = record(cmd, Path(tmp))
+        if args.raw:
+            Path(args.raw).write_text(json.dumps([(t, text.replace(tmp, "/your/run/dir")) for t, text in lines]))
         text = transcript(lines, args.first_seconds, args.last_lines).replace(tmp, "/your/run/dir")
     if code != 0:
         print(text, file=sys.stderr)
@@ -106,11 +140,7 @@ def main() -> int:
         if START not in doc or END not in doc:
             print(f"{readme} has no {START} ... {END} block; transcript left in {out}", file=sys.stderr)
             return 1
-        block = (f"{START}\n```console\n{body}```\n<sub>Recorded by `python scripts/record_terminal.py --steps "
-                 f"{args.steps} --eval-episodes {args.eval_episodes}` (a pseudo-terminal, every line of the first "
-                 f"{args.first_seconds:.0f} s, then the last {args.last_lines}; the temporary run directory shows as "
-                 f"/your/run/dir). Step times depend on the machine and its load."
-                 f"</sub>\n{END}")
+        block = f"{START}\n```console\n{body}```\n<sub>{_note(args, lines, text)}</sub>\n{END}"
         head, rest = doc.split(START, 1)
         readme.write_text(head + block + rest.split(END, 1)[1])
     return 0

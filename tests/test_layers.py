@@ -53,7 +53,8 @@ THIRD_PARTY: dict[int, frozenset[str]] = {
     7: frozenset({"torch", "safetensors", "fastapi", "starlette", "uvicorn", "pydantic", "pydantic_core",
                   "jinja2"}),  # serve
     8: frozenset({"torch", "lightning", "mlflow", "requests", "matplotlib", "filelock"}),  # tracking (store lock)
-    9: frozenset({"torch", "lightning", "torchmetrics", "jsonargparse", "transformers"}),  # training
+    9: frozenset({"torch", "lightning", "torchmetrics", "jsonargparse", "transformers",
+                  "datasets"}),  # training (hf_tasks.py: `datasets`, imported lazily)
     10: frozenset(),  # cli: starts without importing anything heavy
 }
 

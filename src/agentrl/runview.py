@@ -7,14 +7,21 @@ name. A LightningModule that is not an agentrl run gives None, and the readers s
 
 It is a small abstract base class rather than a runtime-checkable ``Protocol``: on Python 3.11 ``isinstance``
 against a protocol with properties evaluates each property, and several of these need an attached trainer.
+
+`StepProgress` is the run's progress channel *inside* a step: the rollout session, the collector, the PPO update
+and RTPO's sweep tell it what they are doing (a line each), and the progress display reads it (`StepPhase`).
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from agentrl.credit import StepRecord
 from agentrl.types import Trajectory
@@ -25,6 +32,88 @@ class SavesModel(Protocol):
 
     def save(self, path: str | Path, *, tokenizer: bool = False) -> None:
         ...
+
+
+PhaseKind = Literal["collecting", "scoring", "updating", "evaluating"]
+
+
+@dataclass(frozen=True)
+class StepPhase:
+    """What the run is doing now (a snapshot of `StepProgress`).
+
+    Attributes:
+        kind: The phase, or None between phases.
+        since: ``time.monotonic()`` when the phase began.
+        depth: RTPO's boundary ``(k, K)`` during its reverse sweep (k counts down from K − 1 to 0), else None.
+        episodes: Episodes the phase's collections will play (collecting, evaluating).
+        done: Episodes finished.
+        running: Episodes in flight.
+        tokens: Tokens sampled by the finished episodes.
+        epoch: ``(i, n)``: PPO epoch i of n (1-based) once the update's first minibatch started.
+        minibatch: ``(i, n)``: minibatch i of n within the epoch.
+    """
+
+    kind: PhaseKind | None = None
+    since: float = 0.0
+    depth: tuple[int, int] | None = None
+    episodes: int = 0
+    done: int = 0
+    running: int = 0
+    tokens: int = 0
+    epoch: tuple[int, int] | None = None
+    minibatch: tuple[int, int] | None = None
+
+
+class StepProgress:
+    """The progress channel of a run: written by the training and rollout code (any thread), read as a
+    `StepPhase`. Each change calls the listener, if one is set (the progress display), in the changing thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._now = StepPhase()
+        self._listener: Callable[[], None] | None = None
+
+    def snapshot(self) -> StepPhase:
+        with self._lock:
+            return self._now
+
+    def listen(self, listener: Callable[[], None] | None) -> None:
+        """Call ``listener`` after every change (None: stop)."""
+        self._listener = listener
+
+    def _set(self, change: Callable[[StepPhase], StepPhase]) -> None:
+        with self._lock:
+            self._now = change(self._now)
+        listener = self._listener
+        if listener is not None:
+            listener()
+
+    @contextlib.contextmanager
+    def phase(self, kind: PhaseKind) -> Iterator[None]:
+        """The block is phase ``kind``; the phase it interrupts (if any) resumes after it."""
+        before = self.snapshot()
+        self._set(lambda p: StepPhase(kind, time.monotonic(), depth=p.depth))
+        try:
+            yield
+        finally:
+            self._set(lambda p: replace(before, depth=p.depth))
+
+    def rtpo_depth(self, k: int | None, of: int = 0) -> None:
+        """RTPO's sweep is at boundary ``k`` of ``of`` (None: the sweep is over)."""
+        self._set(lambda p: replace(p, depth=None if k is None else (k, of)))
+
+    def episodes_expected(self, n: int) -> None:
+        self._set(lambda p: replace(p, episodes=p.episodes + n))
+
+    def episode_started(self) -> None:
+        self._set(lambda p: replace(p, running=p.running + 1))
+
+    def episode_finished(self, tokens: int) -> None:
+        self._set(lambda p: replace(p, running=p.running - 1, done=p.done + 1, tokens=p.tokens + tokens))
+
+    def minibatch(self, epoch: int, epochs: int, i: int, n: int) -> None:
+        """Minibatch ``i`` of ``n`` of epoch ``epoch`` of ``epochs`` begins (all 1-based)."""
+        self._set(lambda p: replace(p, epoch=(epoch, epochs), minibatch=(i, n)))
 
 
 class RunView(abc.ABC):
@@ -39,6 +128,7 @@ class RunView(abc.ABC):
         last_eval: The latest held-out evaluation (empty when none ran).
         step_record: The last step's episodes (every collection: RTPO trunks and siblings) and the credit its
             updates gave each turn (`agentrl.credit`).
+        step_progress: What the run is doing inside a step (written by the session, update and schedules).
     """
 
     rl_step: int
@@ -47,6 +137,7 @@ class RunView(abc.ABC):
     base_eval: Mapping[str, float]
     last_eval: Mapping[str, float]
     step_record: StepRecord
+    step_progress: StepProgress
 
     @property
     @abc.abstractmethod

@@ -32,6 +32,7 @@ from agentrl.agents.llm import LLMClient, Replay
 from agentrl.chat.tools import HermesToolParser, ToolParser
 from agentrl.collect.failures import format_innermost, where_raised
 from agentrl.engines.base import RolloutEngine, SamplingParams
+from agentrl.runview import StepProgress
 from agentrl.seeding import derive_seed
 from agentrl.types import Trajectory
 
@@ -121,6 +122,7 @@ class Collector:
         self.seed = seed
         self.tool_parser = tool_parser or HermesToolParser()
         self.stats = CollectStats()
+        self.progress = StepProgress()  # episodes done and in flight, as they happen (the session sets the run's)
 
     # ------------------------------------------------------------------ one episode
 
@@ -174,8 +176,12 @@ class Collector:
 
         async def bounded(job: Any) -> Trajectory:
             async with gate:
-                return await job
+                self.progress.episode_started()
+                traj: Trajectory = await job
+                self.progress.episode_finished(sum(len(t.response_ids) for t in traj.turns if not t.forced))
+                return traj
 
+        self.progress.episodes_expected(len(jobs))
         start = time.perf_counter()
         trajs = list(await asyncio.gather(*(bounded(j) for j in jobs)))
         self.stats.add(trajs, time.perf_counter() - start)

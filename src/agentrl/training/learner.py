@@ -20,6 +20,7 @@ from agentrl.types import Trajectory
 
 if TYPE_CHECKING:
     from agentrl.collect.collector import Collector
+    from agentrl.runview import StepProgress
     from agentrl.training.settings import PPOSettings
 
 
@@ -39,6 +40,11 @@ class Learner(Protocol):
     @property
     def collector(self) -> Collector:
         """Builds episodes: groups, trunks, siblings. Pass its coroutines to `collect`."""
+        ...
+
+    @property
+    def step_progress(self) -> StepProgress:
+        """The run's progress channel (a schedule tells it where its own loops are, e.g. RTPO's depth)."""
         ...
 
     def collect(self, coro: Coroutine[Any, Any, list[Trajectory]]) -> list[Trajectory]:

@@ -36,7 +36,7 @@ from agentrl.credit import StepRecord
 from agentrl.engines.specs import EngineSpec, HFEngineSpec
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
-from agentrl.runview import RunView, SavesModel
+from agentrl.runview import RunView, SavesModel, StepProgress
 from agentrl.training import distributed, evaluation, memory, sharding
 from agentrl.training.batching import TurnKey, TurnTargets
 from agentrl.training.callbacks import DetachOnException
@@ -103,8 +103,9 @@ class AgentRLModule(pl.LightningModule, RunView):
         self.rl_step = 0
         self.generated_tokens = 0  # sampled for training, all ranks, over the run (the learning budget's axis)
         self.policy_version = 0
-        self.session = RolloutSession(self.engine_spec)
-        self.ppo_update = PPOUpdate(policy, self.critic, self.optim, self.critic_settings, seed)
+        self.step_progress = StepProgress()  # what the step is doing now (the progress display reads it)
+        self.session = RolloutSession(self.engine_spec, self.step_progress)
+        self.ppo_update = PPOUpdate(policy, self.critic, self.optim, self.critic_settings, seed, self.step_progress)
         self.last_trajectories: list[Trajectory] = []
         self.step_record = StepRecord()  # the last step's episodes and per-turn credit (for the traces)
         self.last_metrics: dict[str, float] = {}
@@ -279,14 +280,16 @@ class AgentRLModule(pl.LightningModule, RunView):
         critic = self.critic
         if critic is None:
             raise RuntimeError("this schedule has no critic")
-        scored = self.row_plan.score(trajectories, keys, lambda b: critic(b.input_ids, b.attention_mask))
+        with self.step_progress.phase("scoring"):
+            scored = self.row_plan.score(trajectories, keys, lambda b: critic(b.input_ids, b.attention_mask))
         return {key: v.tolist() for key, v in scored.items()}
 
     @torch.no_grad()
     def logprobs(self, trajectories: Sequence[Trajectory], keys: Iterable[TurnKey]) -> dict[TurnKey, list[float]]:
         """The current policy's log-probs of the named turns' response tokens."""
-        scored = self.row_plan.score(
-            trajectories, keys, lambda b: self.policy.logprobs(b, temperature=self.temperature).logprobs)
+        with self.step_progress.phase("scoring"):
+            scored = self.row_plan.score(
+                trajectories, keys, lambda b: self.policy.logprobs(b, temperature=self.temperature).logprobs)
         return {key: v.tolist() for key, v in scored.items()}
 
     def update(self, trajectories: Sequence[Trajectory], targets: dict[TurnKey, TurnTargets],
@@ -301,11 +304,12 @@ class AgentRLModule(pl.LightningModule, RunView):
         memory.before_update(self.session.drop_prefix_cache)
         opts = self.optimizers()
         score_old = self.logprobs if recompute_on(ppo, self.engine_spec, self.policy) else None
-        out = self.ppo_update.run(trajectories, targets, ppo, plan=self.row_plan,
-                                  optimizers=opts if isinstance(opts, list) else [opts],
-                                  backward=self.manual_backward, score_old=score_old,
-                                  temperature=self.temperature, step=self.rl_step, tag=tag,
-                                  record=self.step_record)
+        with self.step_progress.phase("updating"):
+            out = self.ppo_update.run(trajectories, targets, ppo, plan=self.row_plan,
+                                      optimizers=opts if isinstance(opts, list) else [opts],
+                                      backward=self.manual_backward, score_old=score_old,
+                                      temperature=self.temperature, step=self.rl_step, tag=tag,
+                                      record=self.step_record)
         memory.after_update(self)
         return out
 

@@ -7,6 +7,11 @@ a CI job:
 * at the start: the MLflow run name, id and experiment, and the exact ``mlflow ui`` command that opens the store
   this run writes;
 * after every RL step: ``step k/N``, the step's reward and success, the step time, the generated tokens, the ETA;
+* inside a step and during evaluations, the phase the run is in (`StatusLine`, read from the run's
+  `agentrl.runview.StepProgress`): collecting (episodes done of expected, in flight, tokens), RTPO's depth k of K,
+  scoring, updating (epoch and minibatch i of n), evaluating. On a terminal it is one line redrawn in place; in a
+  log (stdout not a TTY) it is a plain line, only for a phase that has lasted ``status_delay`` seconds and at most
+  one every ``status_every`` seconds, so a fast run prints none;
 * at the end: base → final held-out success, the wall time, where the final model is, and the ``mlflow ui``
   command again.
 
@@ -19,23 +24,26 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import shutil
 import sys
+import threading
 import time
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import MLFlowLogger
 
-from agentrl.runview import run_view
+from agentrl.runview import StepPhase, run_view
 from agentrl.tracking.review import TrajectoryLogger
 
 VERBOSE_ENV = "AGENTRL_VERBOSE"
 _NOISY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "mlflow", "alembic",
-                  "transformers", "httpx", "urllib3", "huggingface_hub", "agentrl")
+                  "transformers", "httpx", "urllib3", "huggingface_hub", "datasets", "agentrl")
 
 
 def verbose() -> bool:
@@ -51,6 +59,7 @@ def quiet_libraries() -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # read when `datasets` is first imported
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "warning")
     for name in _NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -83,6 +92,81 @@ def _clock(seconds: float) -> str:
     return str(timedelta(seconds=round(seconds)))
 
 
+def describe(phase: StepPhase, now: float) -> str:
+    """One status line of ``phase`` at ``now`` (``time.monotonic()``); empty between phases."""
+    if phase.kind is None:
+        return ""
+    parts: list[str] = [phase.kind]
+    if phase.kind in ("collecting", "evaluating") and phase.episodes:
+        parts.append(f"{phase.done}/{phase.episodes} episodes done, {phase.running} in flight, "
+                     f"{phase.tokens} tokens")
+    elif phase.kind == "updating" and phase.epoch and phase.minibatch:
+        parts.append(f"epoch {phase.epoch[0]}/{phase.epoch[1]}, minibatch {phase.minibatch[0]}/{phase.minibatch[1]}")
+    text = ": ".join(parts) + f" ({_clock(now - phase.since)})"
+    if phase.depth is not None and phase.kind != "evaluating":
+        k, of = phase.depth
+        text = f"RTPO depth k={k} ({of - k}/{of}) · {text}"
+    return text
+
+
+class StatusLine:
+    """Shows the run's phase on ``stream``: redrawn in place on a terminal, plain throttled lines otherwise.
+
+    Args:
+        source: Reads the current phase.
+        stream: Where to write.
+        tty: Redraw one line in place (carriage return) instead of printing lines.
+        delay: Not a TTY: a phase is shown once it has lasted this many seconds (shorter phases: never).
+        every: Not a TTY: at most one line every this many seconds.
+        prefix: Text before the phase (e.g. the step), read at each write.
+        clock: ``time.monotonic`` (the phase's clock), replaceable in tests.
+    """
+
+    def __init__(self, source: Callable[[], StepPhase], stream: TextIO, *, tty: bool, delay: float = 5.0,
+                 every: float = 10.0, prefix: Callable[[], str] = lambda: "",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.source, self.stream, self.tty = source, stream, tty
+        self.delay, self.every, self.prefix, self.clock = delay, every, prefix, clock
+        self._lock = threading.Lock()
+        self._drawn = False  # a terminal line is on screen
+        self._last = float("-inf")  # when the last plain line was written
+
+    def refresh(self) -> None:
+        """Show the current phase (any thread; the training code's changes and the ticker call it)."""
+        with self._lock:
+            phase, now = self.source(), self.clock()
+            if phase.kind is None:
+                self._clear()
+            elif self.tty:  # cut to the terminal's width: a wrapped line cannot be redrawn in place
+                width = shutil.get_terminal_size().columns - 1
+                self.stream.write(f"\r{(self.prefix() + describe(phase, now))[:width]}\x1b[K")
+                self._drawn = True
+            elif now - phase.since >= self.delay and now - self._last >= self.every:
+                self.stream.write(f"{self.prefix()}{describe(phase, now)}\n")
+                self._last = now
+            else:
+                return
+            self.stream.flush()
+
+    def line(self, text: str) -> None:
+        """Write ``text`` as a line of its own (the status line, if drawn, is cleared first)."""
+        with self._lock:
+            self._clear()
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def clear(self) -> None:
+        """Take the status line off the terminal (if drawn)."""
+        with self._lock:
+            self._clear()
+            self.stream.flush()
+
+    def _clear(self) -> None:
+        if self._drawn:
+            self.stream.write("\r\x1b[K")
+            self._drawn = False
+
+
 def _mlflow(trainer: pl.Trainer) -> MLFlowLogger | None:
     for logger in trainer.loggers:
         if isinstance(logger, MLFlowLogger):
@@ -91,13 +175,23 @@ def _mlflow(trainer: pl.Trainer) -> MLFlowLogger | None:
 
 
 class RunProgress(ProgressBar):
-    """One line per RL step, a start line and an end summary (see the module docstring)."""
+    """One line per RL step, a start line, the phase inside a step, and an end summary (see the module docstring).
 
-    def __init__(self) -> None:
+    Args:
+        status_delay: Not a TTY: show a phase once it has lasted this many seconds.
+        status_every: Not a TTY: at most one phase line every this many seconds.
+    """
+
+    def __init__(self, status_delay: float = 5.0, status_every: float = 10.0) -> None:
         super().__init__()
         self._enabled = True
         self._start = 0.0
         self._first_step = 0
+        self.status_delay, self.status_every = status_delay, status_every
+        self._status: StatusLine | None = None
+        self._halt = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self._step = ""  # "step k/N · " while a step runs
 
     def disable(self) -> None:
         self._enabled = False
@@ -111,7 +205,41 @@ class RunProgress(ProgressBar):
 
     def _say(self, trainer: pl.Trainer, text: str) -> None:
         if self._enabled and trainer.is_global_zero:
-            print(text, file=sys.stdout, flush=True)
+            if self._status is not None:
+                self._status.line(text)
+            else:
+                print(text, file=sys.stdout, flush=True)
+
+    def _start_status(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Show the run's phase (rank 0): on every change of its progress channel, and every tick in between."""
+        view = run_view(pl_module)
+        if view is None or not self._enabled or not trainer.is_global_zero:
+            return
+        tty = sys.stdout.isatty()
+        status = StatusLine(view.step_progress.snapshot, sys.stdout, tty=tty, delay=self.status_delay,
+                            every=self.status_every, prefix=lambda: f"  {self._step}")
+        view.step_progress.listen(status.refresh)
+        self._status, tick = status, 0.25 if tty else 1.0
+        self._halt.clear()
+
+        def ticker() -> None:
+            while not self._halt.wait(tick):
+                status.refresh()
+
+        self._ticker = threading.Thread(target=ticker, name="agentrl-status", daemon=True)
+        self._ticker.start()
+
+    def _stop_status(self, pl_module: pl.LightningModule) -> None:
+        view = run_view(pl_module)
+        if view is not None:
+            view.step_progress.listen(None)
+        self._halt.set()
+        if self._ticker is not None:
+            self._ticker.join()
+        self._ticker = None
+        if self._status is not None:
+            self._status.clear()
+        self._status = None
 
     def _where(self, trainer: pl.Trainer) -> str | None:
         logger = _mlflow(trainer)
@@ -132,6 +260,7 @@ class RunProgress(ProgressBar):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start = 0.0  # set at the first step: the module's base evaluation follows this hook
+        self._start_status(trainer, pl_module)
         view = run_view(pl_module)
         self._first_step = view.rl_step if view is not None else 0
         if self._first_step:
@@ -140,9 +269,13 @@ class RunProgress(ProgressBar):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         self._start = self._start or time.perf_counter()
+        view = run_view(pl_module)
+        if view is not None:
+            self._step = f"step {view.rl_step + 1}/{view.total_steps} · "
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        self._step = ""
         view = run_view(pl_module)
         if view is None:
             return
@@ -154,7 +287,14 @@ class RunProgress(ProgressBar):
             f"success {m.get('rollout/success', float('nan')):.2f}  {m.get('perf/step_seconds', 0.0):.1f} s  "
             f"{int(m.get('perf/generated_tokens', 0))} tokens  ETA {_clock(eta)}"))
 
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._stop_status(pl_module)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._stop_status(pl_module)
+
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._stop_status(pl_module)
         view = run_view(pl_module)
         if not trainer.is_global_zero or view is None:
             return

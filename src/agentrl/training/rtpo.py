@@ -104,6 +104,7 @@ class RTPO(Schedule):
                 sampled_logprobs[k] = learner.logprobs(upfront[k], keys)
         per_depth: list[dict[str, float]] = []
         for k in reversed(range(depth)):
+            learner.step_progress.rtpo_depth(k, depth)
             if self.off_policy_continuation:
                 siblings = upfront[k]
             else:
@@ -112,6 +113,7 @@ class RTPO(Schedule):
             per_depth.append(train)
             metrics.update({f"rtpo/depth{k}/{name}": v for name, v in stats.items()})
             learner.push_weights()
+        learner.step_progress.rtpo_depth(None)
         if depth == 0:
             learner.push_weights()
         metrics.update(_roll_up_depths(per_depth))

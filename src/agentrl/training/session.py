@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentrl.collect.runtime import RolloutRuntime
+from agentrl.runview import StepProgress
 from agentrl.types import Trajectory
 
 if TYPE_CHECKING:
@@ -40,10 +41,12 @@ class RolloutSession:
 
     Args:
         engine_spec: What engine to build (`agentrl.engines.specs`).
+        progress: The run's progress channel: collections and evaluations are told there, episode by episode.
     """
 
-    def __init__(self, engine_spec: EngineSpec) -> None:
+    def __init__(self, engine_spec: EngineSpec, progress: StepProgress | None = None) -> None:
         self.engine_spec = engine_spec
+        self.progress = progress or StepProgress()
         self._runtime: RolloutRuntime | None = None
         self._engine: RolloutEngine | None = None
         self._collector: Collector | None = None
@@ -72,6 +75,7 @@ class RolloutSession:
         self._runtime = RolloutRuntime()
         self._engine = self.engine_spec.build(policy)
         self._collector = make_collector(self._engine, policy.tokenizer)
+        self._collector.progress = self.progress
         self.temperature = self._collector.sampling.temperature or 1.0
         check = getattr(self._engine, "preflight", None)  # e.g. vLLM's log-prob mode against the temperature
         if check is not None:
@@ -109,7 +113,8 @@ class RolloutSession:
             coro.close()
             raise RuntimeError(f"engine serves version {self.engine.version} but the policy is at {version}: "
                                "push the weights before collecting")
-        trajs = self.run(coro)
+        with self.progress.phase("collecting"):
+            trajs = self.run(coro)
         stale = {t.policy_version for tr in trajs for t in tr.turns if not t.forced} - {version}
         if stale:
             raise RuntimeError(f"rollouts used stale weights (versions {sorted(stale)}, current {version})")
@@ -134,6 +139,7 @@ class RolloutSession:
         if temperature is not None:
             sampling = replace(sampling, temperature=temperature)
         try:
-            return self.run(self.collector.collect_groups(tasks, 1, step=-1, sampling=sampling))
+            with self.progress.phase("evaluating"):
+                return self.run(self.collector.collect_groups(tasks, 1, step=-1, sampling=sampling))
         finally:
             self.collector.reset_stats()

@@ -30,6 +30,7 @@ from torch import Tensor
 from agentrl.credit import StepRecord
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
+from agentrl.runview import StepProgress
 from agentrl.seeding import derive_seed
 from agentrl.training import distributed, sharding
 from agentrl.training.batching import Row, TurnKey, TurnTargets, token_counts
@@ -56,16 +57,18 @@ class PPOUpdate:
         optim: Optimizer settings (gradient clips, the non-finite guard).
         critic_settings: The value-loss coefficient.
         seed: Seed of the minibatch orders.
+        progress: The run's progress channel: each minibatch is told there.
     """
 
     def __init__(self, policy: Policy, critic: TurnCritic | None, optim: OptimSettings,
-                 critic_settings: CriticSettings, seed: int) -> None:
+                 critic_settings: CriticSettings, seed: int, progress: StepProgress | None = None) -> None:
         self.policy = policy
         self.critic = critic
         self.optim = optim
         self.critic_settings = critic_settings
         self.seed = seed
         self.bad_updates = 0  # non-finite updates in a row
+        self.progress = progress or StepProgress()
         self._costs: defaultdict[str, float] = defaultdict(float)
 
     def build_optimizers(self) -> list[torch.optim.Optimizer]:
@@ -112,9 +115,10 @@ class PPOUpdate:
         totals: dict[str, float] = defaultdict(float)
         start = time.perf_counter()
         with scaled_lr(optimizers[0], lr_scale):
-            for _ in range(ppo.epochs):
+            for epoch in range(ppo.epochs):
                 order = torch.randperm(len(rows), generator=gen).tolist()
                 for m in range(n_minibatches):
+                    self.progress.minibatch(epoch + 1, ppo.epochs, m + 1, n_minibatches)
                     minibatch = [rows[i] for i in order[m * size : (m + 1) * size]]
                     stats = self._minibatch(minibatch, ppo, plan, optimizers, backward, temperature)
                     for k, v in stats.items():
