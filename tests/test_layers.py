@@ -229,7 +229,7 @@ def test_the_checker_catches_upward_lazy_and_relative_imports() -> None:
 def test_the_checker_catches_third_party_imports_off_the_layers_allowlist() -> None:
     assert violations("agentrl.algorithms.losses", "import transformers\n") == [
         "agentrl.algorithms.losses imports transformers; layer 0 (agentrl.types, agentrl.seeding, agentrl.algorithms, "
-        "agentrl.runview) may import torch"]
+        "agentrl.runview, agentrl.credit) may import torch"]
     typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from starlette.requests import Request\n"
     assert violations("agentrl.algorithms.advantages", typed)[0].startswith(
         "agentrl.algorithms.advantages imports starlette;")

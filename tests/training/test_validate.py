@@ -68,8 +68,13 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.mark.slow
 def test_fit_traces_its_heldout_episodes_apart_from_training_ones(trained: Path) -> None:
     run = _runs(trained)["rtpo-guessnumber-s0"]
-    # step 1's 2 sampled training episodes, and the 2 held-out episodes of each evaluation (base, final)
-    assert _trace_tags(trained, run) == Counter({("train", None): 2, ("eval", "base"): 2, ("eval", "final"): 2})
+    traces = _client(trained).search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id,
+                                            max_results=100)
+    # step 1's training episodes are one whole RTPO tree (the trajectory logger keeps trees whole): its trunk
+    # and the siblings the trunk lists; the 2 held-out episodes of each evaluation (base, final) are apart
+    (trunk,) = [t for t in traces if t.info.tags.get("agentrl.rtpo.trunk_trace") == t.info.trace_id]
+    tree = 1 + len(trunk.info.tags["agentrl.rtpo.siblings"].split(","))
+    assert _trace_tags(trained, run) == Counter({("train", None): tree, ("eval", "base"): 2, ("eval", "final"): 2})
     assert "eval_trajectories.json" in {a.path for a in _client(trained).list_artifacts(run.info.run_id)}
 
 
