@@ -47,6 +47,9 @@ class Turn:
         text: Decoded response text (display only).
         tool_calls: Tool calls parsed from the response (display only).
         tools: Tool schemas (OpenAI ``{"type": "function", ...}``) offered with the prompt (display only).
+        started_ns: Wall-clock time (``time.time_ns()``) the engine call began (display only: the trace's span
+            times; None where nothing timed it).
+        ended_ns: Wall-clock time the engine call returned (display only; None where nothing timed it).
     """
 
     prompt_ids: list[int]
@@ -61,6 +64,8 @@ class Turn:
     text: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
+    started_ns: int | None = None
+    ended_ns: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.prompt_ids) == 0:

@@ -112,3 +112,27 @@ def test_context_window_truncates(tiny_policy: Policy) -> None:
     llm = LLMClient(HFEngine(tiny_policy, max_context=40), tiny_policy.tokenizer, SamplingParams(max_tokens=4))
     with pytest.raises(EpisodeTruncated, match="context window"):
         asyncio.run(llm.chat([{"role": "user", "content": "x" * 100}]))
+
+
+def test_each_turn_is_stamped_with_its_engine_call(tiny_policy: Policy) -> None:
+    """The wall-clock times the traces show: each sampled turn spans its own engine call, in order."""
+
+    class SlowEngine(HFEngine):
+        async def generate(self, prompt_ids, sampling, *, session=None) -> Completion:  # type: ignore[no-untyped-def]
+            await asyncio.sleep(0.2)
+            return await super().generate(prompt_ids, sampling, session=session)
+
+    llm = LLMClient(SlowEngine(tiny_policy), tiny_policy.tokenizer, SamplingParams(max_tokens=2), seed=3)
+
+    async def episode() -> None:
+        messages = [{"role": "user", "content": "start"}]
+        for _ in range(2):
+            reply = await llm.chat(messages)
+            await asyncio.sleep(0.1)  # the environment's time between turns is in no turn
+            messages += [reply.message(), {"role": "user", "content": "next"}]
+
+    asyncio.run(episode())
+    first, second = llm.turns
+    assert first.started_ns is not None and first.ended_ns is not None and second.started_ns is not None
+    assert first.ended_ns - first.started_ns >= 200_000_000  # the engine call's 0.2 s
+    assert second.started_ns - first.ended_ns >= 100_000_000  # the 0.1 s between the calls

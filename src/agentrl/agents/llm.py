@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,10 +151,12 @@ class LLMClient:
                     f"trunk's {len(recorded.prompt_ids)}; the agent or environment is not deterministic for a seed"
                 )
             if k < self.replay.branch_turn:
+                now = time.time_ns()  # replayed, not generated: a turn of no duration
                 turn = Turn(list(recorded.prompt_ids), list(recorded.response_ids), list(recorded.logprobs), index=k,
                             finish_reason=recorded.finish_reason, policy_version=recorded.policy_version,
-                            forced=True, messages=delta, tools=tools)
+                            forced=True, messages=delta, tools=tools, started_ns=now, ended_ns=now)
                 return self._record(turn, messages, prompt_text)
+        started = time.time_ns()
         completion = await self.engine.generate(
             prompt_ids, self.sampling.with_seed(derive_seed(self.seed, k)), session=self.session
         )
@@ -161,7 +164,7 @@ class LLMClient:
             raise EpisodeTruncated(f"turn {k}: the prompt ({len(prompt_ids)} tokens) fills the context window")
         turn = Turn(prompt_ids, completion.token_ids, completion.logprobs, index=k,
                     finish_reason=completion.finish_reason, policy_version=completion.policy_version, messages=delta,
-                    tools=tools)
+                    tools=tools, started_ns=started, ended_ns=time.time_ns())
         return self._record(turn, messages, prompt_text)
 
     def reward(self, value: float, turn: int = -1, *, source: str = "llm.reward") -> None:
@@ -187,11 +190,12 @@ class LLMClient:
         if self.turns:
             raise RuntimeError("fast_forward must be called before the first LLM call")
         k = self.replay.branch_turn
+        now = time.time_ns()  # adopted, not generated in this episode: turns of no duration
         for t in self.replay.turns[:k]:
             self.turns.append(Turn(list(t.prompt_ids), list(t.response_ids), list(t.logprobs), index=t.index,
                                    reward=t.reward, finish_reason=t.finish_reason, policy_version=t.policy_version,
                                    forced=True, messages=t.messages, text=t.text, tool_calls=t.tool_calls,
-                                   tools=t.tools))
+                                   tools=t.tools, started_ns=now, ended_ns=now))
         # a copy: every sibling of the trunk gets the same snapshot and may mutate what it restores
         snapshot = copy.deepcopy(self.replay.snapshot)
         if k > 0:

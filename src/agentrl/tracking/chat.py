@@ -192,12 +192,16 @@ def _log_spans(client: Any, traj: Trajectory, *, experiment_id: str, run_id: str
 
     inputs = turn_inputs(traj)
     tree = rtpo_tags(traj, trunk_trace)
+    # the spans keep the turns' real times (their engine calls), so the trace view's latencies are the episode's;
+    # a tool span runs from its turn's reply to the next turn's call. None (an untimed turn) lets MLflow use now.
+    starts = [turn.started_ns for turn in traj.turns]
+    ends = [turn.ended_ns for turn in traj.turns]
     root = client.start_trace(
         f"episode {traj.task_id}", span_type="AGENT",
         inputs={"task": traj.task_id, "seed": traj.seed, "messages": inputs[0] if inputs else []},
         attributes={"step": step, "group": traj.group, "branch_turn": traj.branch_turn, **tree},
         tags={"agentrl.step": str(step), "agentrl.task": traj.task_id, **tree},
-        experiment_id=experiment_id, run_id=run_id,
+        experiment_id=experiment_id, run_id=run_id, start_time_ns=starts[0] if starts else None,
     )
     trace_id = root.trace_id
     for k, turn in enumerate(traj.turns):
@@ -213,20 +217,23 @@ def _log_spans(client: Any, traj: Trajectory, *, experiment_id: str, run_id: str
                 "policy_version": turn.policy_version, "reward": turn.reward, "replayed": turn.forced,
                 **credit_attributes(traj, turn.index, credit[k] if k < len(credit) else None),
             },
+            start_time_ns=starts[k],
         )
         if turn.tools:
             set_span_chat_tools(span, turn.tools)  # type: ignore[arg-type]  # dicts are accepted and validated
         results = _tool_results(traj.turns[k + 1] if k + 1 < len(traj.turns) else None)
         for i, call in enumerate(turn.tool_calls or []):
             tool = client.start_span(str(call.get("name")), trace_id=trace_id, parent_id=span.span_id,
-                                     span_type="TOOL", inputs=call.get("arguments"))
+                                     span_type="TOOL", inputs=call.get("arguments"), start_time_ns=ends[k])
             client.end_span(trace_id=trace_id, span_id=tool.span_id,
-                            outputs={"content": results[i]} if i < len(results) else None)
-        client.end_span(trace_id=trace_id, span_id=span.span_id, outputs=chat_completion(turn, model))
+                            outputs={"content": results[i]} if i < len(results) else None,
+                            end_time_ns=starts[k + 1] if k + 1 < len(starts) else ends[k])
+        client.end_span(trace_id=trace_id, span_id=span.span_id, outputs=chat_completion(turn, model),
+                        end_time_ns=ends[k])
     client.end_trace(trace_id=trace_id, outputs={"reward": traj.total_reward, "success": traj.success,
                                                  "terminated": traj.terminated, "truncated": traj.truncated,
                                                  "error": traj.error},
-                     status="ERROR" if traj.failed else "OK")
+                     status="ERROR" if traj.failed else "OK", end_time_ns=ends[-1] if ends else None)
     return str(trace_id)
 
 
