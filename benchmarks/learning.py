@@ -114,7 +114,7 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
     if folder.exists():
         shutil.rmtree(folder)  # a partial cell from an interrupted sitting: start it again
     folder.mkdir(parents=True)
-    scratch = args.scratch / env / schedule / f"seed{seed}"
+    scratch = args.scratch / folder.relative_to(args.out)  # per cell (sweep cells: per lr too), so runners can share
     shutil.rmtree(scratch, ignore_errors=True)
     cell = overrides(env, schedule, seed, folder, args.tracking_uri, scratch)
     if sweep:
