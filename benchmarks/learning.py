@@ -107,7 +107,7 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
              sweep: bool = False) -> dict[str, Any] | None:
     """One cell; ``lr`` overrides the configs' policy learning rate, ``sweep`` plays no held-out games."""
     folder = cell_folder(args.out, env, schedule, seed, lr, sweep)
-    name = f"{env}/{schedule}/{lr_name(lr)}/seed{seed}" if sweep and lr is not None else f"{env}/{schedule}/seed{seed}"
+    name = folder.relative_to(args.out).as_posix()  # e.g. frozenlake/rtpo/seed0, sweep/frozenlake/rtpo/lr1e-05/seed10
     if (folder / "summary.json").exists():
         print(f"[learning] {name}: finished earlier, skipped", flush=True)
         return json.loads((folder / "summary.json").read_text())
