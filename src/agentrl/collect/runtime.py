@@ -8,6 +8,7 @@ caches alive across steps, instead of tearing them down with an ``asyncio.run`` 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -31,10 +32,15 @@ class RolloutRuntime:
         return self._loop
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return self.submit(coro).result(timeout)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start ``coro`` on the loop and return at once (the caller waits on the future when it needs the result;
+        ``future.cancel()`` cancels the coroutine). Bounded-staleness collection runs ahead this way."""
         if threading.current_thread() is self._thread:
+            coro.close()
             raise RuntimeError("RolloutRuntime.run called from its own loop thread; await the coroutine instead")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        return future.result(timeout)
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def close(self) -> None:
         """Cancel what still runs on the loop (engine schedulers, HTTP clients), then stop it."""

@@ -22,6 +22,11 @@
   is not JSON raises `EngineProtocolError` naming the URL with an excerpt of the body. A server that no longer
   knows the pushed adapter (it restarted: ``404 The model `agentrl-v6` does not exist``) gets the adapter pushed
   again from ``adapter_dir``, and the request is sent once more.
+* **Pushes while requests are in flight** (bounded-staleness collection, ``data.max_staleness`` >= 1). A request
+  is stamped with the version of the adapter it names. One that a push's load overtook (its 404 names an adapter
+  that a push is replacing or has replaced) waits for the push to finish and is sent once more naming the new
+  adapter, stamped with the new version; it never loads the replaced adapter back. The previous adapter is unloaded
+  only once no request naming it is in flight (the push waits for them), so no request loses its adapter mid-way.
 * **Weight sync is a LoRA hot-load.** ``update_weights`` saves the policy's adapter to ``adapter_dir/agentrl-v<N>``
   (``save_pretrained``: safetensors), posts ``/v1/load_lora_adapter`` to every server, routes later requests to
   that name, unloads the previous adapter and deletes its folder. The folder must be readable by the servers
@@ -33,6 +38,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import itertools
 import logging
@@ -158,6 +164,8 @@ class VLLMEngine:
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._reloading: dict[tuple[str, str], asyncio.Future[None]] = {}
+        self._in_flight: collections.Counter[str] = collections.Counter()  # requests in flight per model name
+        self._pushing: asyncio.Future[None] | None = None  # set while update_weights loads a new adapter
         if logging.getLogger("httpx").level == logging.NOTSET:
             logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per rollout request
 
@@ -192,15 +200,33 @@ class VLLMEngine:
             return Completion([], [], "length", policy_version=version, prompt_len=len(prompt_ids))
         lpm.check_temperature(self.logprobs_mode, sampling.temperature)
         url = self._url_for(session)
-        body = completion_request(prompt_ids, sampling, model, min(sampling.max_tokens, room))
+        max_tokens = min(sampling.max_tokens, room)
         try:
-            response = await self._call("POST", url, "/v1/completions", body)
+            response = await self._post(url, completion_request(prompt_ids, sampling, model, max_tokens), model)
         except EngineRequestError as exc:
-            if not self._adapter_lost(exc, model):
+            if exc.status == 404 and (self._pushing is not None or model != self._model):
+                await self._push_done()  # a push overtook this request: send it again, naming the new adapter
+                version, model = self._version, self._model
+                body = completion_request(prompt_ids, sampling, model, max_tokens)
+                response = await self._post(url, body, model)
+            elif self._adapter_lost(exc, model):
+                await self._reload_adapter(url, model)  # the server restarted: push the adapter again, resend once
+                response = await self._post(url, completion_request(prompt_ids, sampling, model, max_tokens), model)
+            else:
                 raise
-            await self._reload_adapter(url, model)  # the server restarted: push the adapter again, resend once
-            response = await self._call("POST", url, "/v1/completions", body)
         return parse_completion(_json(response, url, "/v1/completions"), prompt_ids, version)
+
+    async def _post(self, url: str, body: dict[str, Any], model: str) -> httpx.Response:
+        """POST a completion naming ``model``, counted in flight for that name (a push unloads it only after)."""
+        self._in_flight[model] += 1
+        try:
+            return await self._call("POST", url, "/v1/completions", body)
+        finally:
+            self._in_flight[model] -= 1
+
+    async def _push_done(self) -> None:
+        if self._pushing is not None:
+            await asyncio.shield(self._pushing)
 
     async def preflight(self, sampling: SamplingParams) -> None:
         """Before any rollout: `LogprobsModeError` if the declared log-prob mode does not report sampling at
@@ -232,10 +258,17 @@ class VLLMEngine:
         name = f"agentrl-v{new_version}"
         path = self.adapter_dir / name
         await asyncio.to_thread(_save_adapter, policy, path)
-        await asyncio.gather(*(self._load(url, name, path) for url in self.base_urls))
-        previous = self._adapter
-        self._model, self._adapter, self._version = name, name, new_version
+        self._pushing = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.gather(*(self._load(url, name, path) for url in self.base_urls))
+            previous = self._adapter
+            self._model, self._adapter, self._version = name, name, new_version
+        finally:
+            self._pushing.set_result(None)
+            self._pushing = None
         if self.unload_previous and previous is not None and previous != name:
+            while self._in_flight[previous]:  # requests still decoding with it (vLLM keeps it while they run)
+                await asyncio.sleep(0.01)
             await asyncio.gather(*(self._unload(url, previous) for url in self.base_urls))
             shutil.rmtree(self.adapter_dir / previous, ignore_errors=True)
 

@@ -138,6 +138,10 @@ class RolloutDataModule(pl.LightningDataModule):
         max_generated_tokens: End the run at the first step whose generated training tokens reach this budget
             (None: run ``steps`` steps). Learning comparisons across schedules use it.
         seed: Run seed mixed into every episode's sampling seed.
+        max_staleness: How many policy versions the collector may run ahead of the trainer (s). 0: every step's
+            episodes are collected inside the step with its weights (synchronous). s >= 1: the next s steps' batches
+            are collected while the trainer updates, and a turn sampled more than s versions before the trainer's
+            weights is never trained on (docs/async.md, `agentrl.training.async_collect`).
     """
 
     def __init__(
@@ -159,9 +163,11 @@ class RolloutDataModule(pl.LightningDataModule):
         eval_greedy: bool = False,
         max_generated_tokens: int | None = None,
         seed: int = 0,
+        max_staleness: int = 0,
     ) -> None:
         super().__init__()
-        for name, value, low in (("batch_size", batch_size, 1), ("steps", steps, 1), ("concurrency", concurrency, 1),
+        for name, value, low in (("batch_size", batch_size, 1), ("max_staleness", max_staleness, 0),
+                                 ("steps", steps, 1), ("concurrency", concurrency, 1),
                                  ("eval_episodes", eval_episodes, 0), ("eval_every", eval_every, 0),
                                  ("eval_every_tokens", eval_every_tokens, 0),
                                  ("max_generated_tokens", 1 if max_generated_tokens is None else max_generated_tokens,
@@ -195,6 +201,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.eval_greedy = eval_greedy
         self.max_generated_tokens = max_generated_tokens
         self.seed = seed
+        self.max_staleness = max_staleness
         self.episodes_per_task = 1
         self._stream: TaskStream | None = None
 

@@ -9,7 +9,8 @@ the process group Lightning set up:
   `agentrl.training.objective`), so their sum over ranks is the one-process value;
 * **weighted means** — per-episode means (``rollout/reward``, ``success``, …) weighted by the rank's non-failed
   episodes, per-turn means by its sampled turns, RTPO per-depth means by its siblings at that depth;
-* **maxima** — ``*max_abs_diff`` (the largest behaviour/π_old log-prob gap on any rank);
+* **maxima** — ``*max_abs_diff`` (the largest behaviour/π_old log-prob gap on any rank), ``rollout/staleness_max``
+  and ``rollout/trunk_lag_max`` (the bound holds globally when it holds on every rank);
 * **plain means** — everything else (timings, identical-on-every-rank values such as ``train/grad_norm``).
 
 The behaviour-correction means (``rollout/logprob_mismatch_kl``, ``is_corrected_frac``, ``is_weight_mean``) are
@@ -32,7 +33,7 @@ from agentrl.training import distributed
 _PARTIAL = ("policy_loss", "approx_kl", "clipfrac", "entropy", "value_loss", "value_clipfrac", "kl_ref")
 _SUMMED = re.compile(
     r"^(?:[a-z]+/(?:episodes|ok_episodes|sampled_turns)|perf/generated_tokens|rollout/recomputed_tokens"
-    r"|rtpo/depth\d+/siblings"
+    r"|rtpo/depth\d+/siblings|rollout/stale_dropped_episodes"
     r"|(?:train|rtpo/depth\d+)/(?:" + "|".join(_PARTIAL) + r"))$"
 )
 _PER_EPISODE = ("reward", "success", "turns", "truncated")
@@ -59,7 +60,7 @@ def is_summed(name: str) -> bool:
 
 
 def is_max(name: str) -> bool:
-    return name.endswith("max_abs_diff")
+    return name.endswith(("max_abs_diff", "staleness_max", "trunk_lag_max"))
 
 
 def reduce_across_ranks(metrics: dict[str, float]) -> dict[str, float]:

@@ -6,7 +6,8 @@ fp32: agreement about 1e-5). A vLLM server samples in bf16 with its own kernels,
 KV cache, and bf16 autocast changes the numbers on either side; the recorded log-probs are then those of a
 *behaviour* policy π_b ≠ π_old. So, before the first epoch of an update:
 
-1. **Recompute π_old** (`recompute_on` decides): one no-grad forward per row, packed exactly like the update's rows
+1. **Recompute π_old** (`recompute_on` decides; `needs_old_logprobs` always for turns sampled by older weights,
+   ``data.max_staleness`` >= 1): one no-grad forward per row, packed exactly like the update's rows
    (the trainer's scorer, `AgentRLModule.logprobs`, scores the same turns with the same packing and temperature);
    the update's ratio then starts at 1 up to the nondeterminism of the trainer's own kernels.
 2. **Correct π_old ≠ π_b** per token with ``ppo.correction`` (`agentrl.algorithms.correction`: TIS by default,
@@ -51,6 +52,15 @@ def recompute_on(ppo: PPOSettings, engine_spec: Any, policy: Any) -> bool:
     if ppo.recompute_old_logprobs is not None:
         return ppo.recompute_old_logprobs
     return not engine_is_trainer(engine_spec, policy)
+
+
+def needs_old_logprobs(ppo: PPOSettings, engine_spec: Any, policy: Any, trajectories: Sequence[Trajectory],
+                       version: int) -> bool:
+    """Whether an update recomputes π_old: `recompute_on`, or always when a sampled turn of ``trajectories`` was
+    sampled by weights other than ``version`` (bounded-staleness collection): the engine's log-probs are then
+    another policy's, even when the engine runs the trainer's own code."""
+    stale = any(t.policy_version != version for tr in trajectories for t in tr.turns if not t.forced)
+    return stale or recompute_on(ppo, engine_spec, policy)
 
 
 def trained_keys(rows: Sequence[Row]) -> list[TurnKey]:

@@ -3,7 +3,9 @@
 One training step is one RL iteration: the schedule collects rollouts with the current weights, computes
 advantages, runs PPO updates, and pushes the new weights to the rollout engine. Rollouts are collected *inside*
 the step, so Lightning's prefetching of the next batch (a list of tasks) can never run an episode with stale
-weights; every turn is stamped with the policy version, and the session checks the stamps.
+weights; every turn is stamped with the policy version, and the session checks the stamps. With
+``data.max_staleness`` >= 1 the next steps' batches run ahead while the trainer updates, within that bound
+(`agentrl.training.async_collect`).
 
 This module is the thin adapter between Lightning and the parts that do the work:
 
@@ -38,11 +40,12 @@ from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
 from agentrl.runview import RunView, SavesModel, StepProgress
 from agentrl.training import distributed, evaluation, memory, sharding
+from agentrl.training.async_collect import Lookahead, MakeBatch, check_async
 from agentrl.training.batching import TurnKey, TurnTargets
 from agentrl.training.callbacks import DetachOnException
 from agentrl.training.datamodule import RolloutDataModule
 from agentrl.training.metrics import reduce_across_ranks
-from agentrl.training.mismatch import recompute_on
+from agentrl.training.mismatch import needs_old_logprobs
 from agentrl.training.perf import measure_peak_flops, step_perf_metrics, train_flops
 from agentrl.training.rowplan import RowPlan
 from agentrl.training.session import RolloutSession
@@ -105,6 +108,8 @@ class AgentRLModule(pl.LightningModule, RunView):
         self.policy_version = 0
         self.step_progress = StepProgress()  # what the step is doing now (the progress display reads it)
         self.session = RolloutSession(self.engine_spec, self.step_progress)
+        self.lookahead: Lookahead | None = None  # the batches launched ahead (data.max_staleness >= 1), per fit
+        self._batch_metrics: dict[str, float] = {}  # the step's staleness metrics (`collect_batch`)
         self.ppo_update = PPOUpdate(policy, self.critic, self.optim, self.critic_settings, seed, self.step_progress)
         self.last_trajectories: list[Trajectory] = []
         self.step_record = StepRecord()  # the last step's episodes and per-turn credit (for the traces)
@@ -156,12 +161,15 @@ class AgentRLModule(pl.LightningModule, RunView):
 
     def setup(self, stage: str) -> None:
         self.data.configure(self.algorithm.episodes_per_task)  # a bad batch size stops here, before any work
+        check_async(self.data.max_staleness, self.engine_spec, self.algorithm.ppo)
         if stage == "fit":  # fit evaluates by itself (base, eval_every, final): no Lightning validation loop on top
             self.trainer.limit_val_batches = 0
 
     def on_fit_start(self) -> None:
         # after checkpoint restore and device placement: the engine starts at the restored policy version
         self.attach(self.data.make_collector)
+        self.lookahead = Lookahead(self.session, self.data.max_staleness, self.data.train_dataloader().tasks_for,
+                                   int(self.data.steps))
         if self.peak_flops is None:
             self.peak_flops = measure_peak_flops(self.device, self.policy.compute_dtype)
         resolved = self.policy.resolved_compute_dtype
@@ -211,7 +219,11 @@ class AgentRLModule(pl.LightningModule, RunView):
         self.session.start(self._serve_policy(), make_collector, self.policy_version)
 
     def detach(self) -> None:
-        """Stop the engine and the rollout loop (idempotent)."""
+        """Cancel the batches launched ahead, stop the engine and the rollout loop (idempotent)."""
+        if self.lookahead is not None:
+            in_flight = self.lookahead.cancel()
+            if in_flight:
+                log.info("stopped with %d batch(es) collected ahead in flight: a resume collects them again", in_flight)
         self.session.stop()
 
     def evaluate(self, label: str) -> dict[str, float]:
@@ -269,6 +281,16 @@ class AgentRLModule(pl.LightningModule, RunView):
         self.step_record.add_episodes(trajs)
         return trajs
 
+    def collect_batch(self, tasks: list[Task], make: MakeBatch, *, bounded: bool = True) -> list[Trajectory]:
+        """The step's first collection, collected now or taken from the batch launched ahead (`Lookahead`)."""
+        if self.lookahead is None:  # outside fit: collected now
+            self.lookahead = Lookahead(self.session, 0, lambda step: [], 0)
+        trajs, metrics = self.lookahead.batch(self.rl_step, tasks, make, self.policy_version, bounded=bounded)
+        self._batch_metrics = metrics
+        self.last_trajectories = trajs
+        self.step_record.add_episodes(trajs)
+        return trajs
+
     def push_weights(self) -> None:
         """Serve the updated weights: every later rollout uses them."""
         self.policy_version += 1
@@ -303,7 +325,8 @@ class AgentRLModule(pl.LightningModule, RunView):
         """
         memory.before_update(self.session.drop_prefix_cache)
         opts = self.optimizers()
-        score_old = self.logprobs if recompute_on(ppo, self.engine_spec, self.policy) else None
+        recompute = needs_old_logprobs(ppo, self.engine_spec, self.policy, trajectories, self.policy_version)
+        score_old = self.logprobs if recompute else None
         with self.step_progress.phase("updating"):
             out = self.ppo_update.run(trajectories, targets, ppo, plan=self.row_plan,
                                       optimizers=opts if isinstance(opts, list) else [opts],
@@ -341,6 +364,7 @@ class AgentRLModule(pl.LightningModule, RunView):
         self.session.take_costs()  # nothing from outside the step counts
         self.ppo_update.take_costs()
         self.step_record = StepRecord()
+        self._batch_metrics = {}
         # under DDP, backward passes only accumulate locally; the update sums the gradients itself
         # (ranks run different numbers of backward passes: see agentrl.training.distributed)
         block_sync = getattr(self.trainer.strategy, "block_backward_sync", contextlib.nullcontext)
@@ -350,7 +374,10 @@ class AgentRLModule(pl.LightningModule, RunView):
             distributed.check_in_sync(self.policy.trainable_parameters(), self.device)
         self.rl_step += 1
         costs = defaultdict(float, self.session.take_costs() | self.ppo_update.take_costs())
-        metrics.update(step_perf_metrics(costs, time.perf_counter() - start, self.policy_version,
+        end = time.perf_counter()
+        costs["engine_busy_seconds"] = self.session.activity.busy(start, end)
+        metrics.update(self._batch_metrics)
+        metrics.update(step_perf_metrics(costs, end - start, self.policy_version,
                                          mfu=lambda seconds: self._mfu(costs, seconds)))
         metrics = reduce_across_ranks(metrics)  # every rank's episodes and turns, not rank 0's
         self.generated_tokens += int(metrics.get("perf/generated_tokens", 0))

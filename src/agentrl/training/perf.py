@@ -48,6 +48,9 @@ def step_perf_metrics(stats: Mapping[str, float], seconds: float, policy_version
     """``perf/*`` (and ``rollout/failed``) of one step from its accumulated counters."""
     out = {"perf/step_seconds": seconds, "perf/generated_tokens": stats["generated_tokens"],
            "perf/policy_version": float(policy_version)}
+    if seconds > 0:  # the share of the step's wall time the trainer blocked on rollouts / the engine had none
+        out["perf/trainer_wait_frac"] = min(stats["trainer_wait_seconds"] / seconds, 1.0)
+        out["perf/engine_idle_frac"] = max(1.0 - stats["engine_busy_seconds"] / seconds, 0.0)
     if stats["rollout_seconds"] > 0:
         out["perf/rollout_tokens_per_s"] = stats["generated_tokens"] / stats["rollout_seconds"]
     if stats["train_seconds"] > 0:

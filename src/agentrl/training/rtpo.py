@@ -27,6 +27,8 @@ the downstream turns' ratios.
 from __future__ import annotations
 
 import math
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,6 +39,9 @@ from agentrl.training.learner import Learner
 from agentrl.training.schedules import Schedule, rollout_metrics
 from agentrl.training.settings import PPOSettings
 from agentrl.types import Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.collect.collector import Collector
 
 
 class RTPO(Schedule):
@@ -84,10 +89,15 @@ class RTPO(Schedule):
     def episodes_per_task(self) -> int:
         return self.trunks_per_task
 
+    def batch(self, collector: Collector, tasks: list[Task], step: int) -> Coroutine[Any, Any, list[Trajectory]]:
+        """The step's trunks: with max_staleness >= 1 launched while the previous step's depths update (trunks get
+        no gradient; the siblings stay on-policy, collected in the depth loop)."""
+        return collector.collect_trunks(tasks, step=step, per_task=self.trunks_per_task)
+
     def step(self, learner: Learner, tasks: list[Task]) -> dict[str, float]:
         col = learner.collector
         step = learner.rl_step
-        trunks = learner.collect(col.collect_trunks(tasks, step=step, per_task=self.trunks_per_task))
+        trunks = learner.collect_batch(tasks, self.batch, bounded=False)  # max_staleness >= 1: collected ahead
         metrics = rollout_metrics(trunks)
         ok = [t for t in trunks if not t.failed]
         depth = learner.sync_max(max((t.num_turns for t in ok), default=0))  # same on all ranks
@@ -103,12 +113,16 @@ class RTPO(Schedule):
                 keys = [(b, k) for b, sib in enumerate(upfront[k]) if not sib.failed and sib.num_turns > k]
                 sampled_logprobs[k] = learner.logprobs(upfront[k], keys)
         per_depth: list[dict[str, float]] = []
+        lags: list[int] = []
         for k in reversed(range(depth)):
             learner.step_progress.rtpo_depth(k, depth)
             if self.off_policy_continuation:
                 siblings = upfront[k]
             else:
                 siblings = learner.collect(col.branch(ok, by_id, k, self.siblings, step=step))
+            # versions behind the weights the depth's update starts from, of the siblings' sampled turns (0 when
+            # on-policy: `collect` checks every sampled sibling turn against the trainer's version)
+            lags += [learner.policy_version - t.policy_version for s in siblings for t in s.turns if not t.forced]
             stats, train = self._update_depth(learner, k, siblings, sampled_logprobs.get(k))
             per_depth.append(train)
             metrics.update({f"rtpo/depth{k}/{name}": v for name, v in stats.items()})
@@ -118,6 +132,9 @@ class RTPO(Schedule):
             learner.push_weights()
         metrics.update(_roll_up_depths(per_depth))
         metrics["rtpo/depths"] = float(depth)
+        if lags:
+            metrics["rollout/staleness_mean"] = sum(lags) / len(lags)
+            metrics["rollout/staleness_max"] = float(max(lags))
         return metrics
 
     def _update_depth(self, learner: Learner, k: int, siblings: list[Trajectory],

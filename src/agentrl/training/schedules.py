@@ -9,14 +9,16 @@ Chosen with ``class_path`` in the config (CONVENTIONS rule 4). Each is short and
   with observation tokens masked (as verl).
 * `RTPO` lives in `agentrl.training.rtpo` (reverse-turn updates over sparse trees).
 
-Schedules talk to the trainer only through the `Learner` protocol (``agentrl.training.learner``): ``collect``,
-``values``, ``logprobs``, ``update``, ``push_weights``, ``sync_max``, ``rl_step``, ``policy_version``.
+Schedules talk to the trainer only through the `Learner` protocol (``agentrl.training.learner``):
+``collect_batch``, ``collect``, ``values``, ``logprobs``, ``update``, ``push_weights``, ``sync_max``, ``rl_step``,
+``policy_version``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +29,9 @@ from agentrl.training.batching import TurnKey, TurnTargets, keys_of
 from agentrl.training.learner import Learner
 from agentrl.training.settings import PPOSettings
 from agentrl.types import Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.collect.collector import Collector
 
 
 def rollout_metrics(trajs: Sequence[Trajectory], prefix: str = "rollout") -> dict[str, float]:
@@ -95,8 +100,12 @@ class GroupSchedule(Schedule):
     def targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
         raise NotImplementedError
 
+    def batch(self, collector: Collector, tasks: list[Task], step: int) -> Coroutine[Any, Any, list[Trajectory]]:
+        """The step's whole batch: ``group_size`` episodes of each task (launched ahead with max_staleness >= 1)."""
+        return collector.collect_groups(tasks, self.group_size, step=step)
+
     def step(self, learner: Learner, tasks: list[Task]) -> dict[str, float]:
-        trajs = learner.collect(learner.collector.collect_groups(tasks, self.group_size, step=learner.rl_step))
+        trajs = learner.collect_batch(tasks, self.batch)
         ok = [t for t in trajs if not t.failed and any(turn.response_ids for turn in t.turns)]
         metrics = rollout_metrics(trajs)
         targets, stats = self.targets(learner, ok)  # on every rank, with or without episodes (collectives)

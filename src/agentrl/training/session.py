@@ -11,12 +11,21 @@ things, each checked:
   hot-load for vLLM).
 * **play** — held-out episodes for evaluation, with the sampling passed as a value (greedy evaluation is
   ``temperature=0``), outside the training counters.
+* **launch** — start a collection and return at once (bounded-staleness collection, `agentrl.training.async_collect`,
+  waits on it later); no version check: the caller bounds the versions itself.
+
+Every training collection, waited for or launched, is counted in `activity` (when any was in flight), so a step can
+say what share of its wall time the engine had no work (``perf/engine_idle_frac``); the time the trainer blocked on
+a collection is the step's ``trainer_wait_seconds``.
 
 It knows nothing of optimizers, losses or Lightning.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
@@ -28,12 +37,52 @@ from agentrl.types import Trajectory
 
 if TYPE_CHECKING:
     from agentrl.agents.base import Task
-    from agentrl.collect.collector import Collector
+    from agentrl.collect.collector import Collector, CollectStats
     from agentrl.engines.base import RolloutEngine
     from agentrl.engines.specs import EngineSpec
 
 T = TypeVar("T")
 MakeCollector = Callable[[Any, Any], "Collector"]
+
+
+class Activity:
+    """When training collections were in flight: intervals of perf-counter time with at least one running.
+
+    Entered and left on the rollout loop (launched collections) and the trainer's thread (waited ones), hence the
+    lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = 0
+        self._since = 0.0
+        self._spans: list[tuple[float, float]] = []
+
+    def enter(self) -> None:
+        with self._lock:
+            if self._running == 0:
+                self._since = time.perf_counter()
+            self._running += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._running -= 1
+            if self._running == 0:
+                self._spans.append((self._since, time.perf_counter()))
+
+    def busy(self, start: float, end: float) -> float:
+        """Seconds of ``[start, end]`` with a collection in flight; forgets the spans that ended before ``start``."""
+        with self._lock:
+            spans = self._spans + ([(self._since, end)] if self._running else [])
+            self._spans = [(a, b) for a, b in self._spans if b > start]
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
+
+    async def track(self, coro: Coroutine[Any, Any, T]) -> T:
+        self.enter()
+        try:
+            return await coro
+        finally:
+            self.leave()
 
 
 class RolloutSession:
@@ -51,6 +100,7 @@ class RolloutSession:
         self._engine: RolloutEngine | None = None
         self._collector: Collector | None = None
         self._costs: defaultdict[str, float] = defaultdict(float)
+        self.activity = Activity()
         self.temperature = 1.0  # the training sampling temperature, kept after a stop (scoring uses it)
 
     @property
@@ -113,19 +163,36 @@ class RolloutSession:
             coro.close()
             raise RuntimeError(f"engine serves version {self.engine.version} but the policy is at {version}: "
                                "push the weights before collecting")
+        waited = time.perf_counter()
         with self.progress.phase("collecting"):
-            trajs = self.run(coro)
+            trajs = self.run(self.activity.track(coro))
+        self._costs["trainer_wait_seconds"] += time.perf_counter() - waited
         stale = {t.policy_version for tr in trajs for t in tr.turns if not t.forced} - {version}
         if stale:
             raise RuntimeError(f"rollouts used stale weights (versions {sorted(stale)}, current {version})")
-        stats = self.collector.reset_stats()
+        self.add_costs(self.collector.reset_stats())
+        return trajs
+
+    def launch(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start a training collection on the loop and return its future at once (counted in `activity`; the
+        caller checks the versions and adds the cost with `add_costs`)."""
+        if self._runtime is None:
+            coro.close()
+            raise RuntimeError("rollout runtime not started")
+        return self._runtime.submit(self.activity.track(coro))
+
+    def add_wait(self, seconds: float) -> None:
+        """Count ``seconds`` the trainer blocked on a launched collection."""
+        self._costs["trainer_wait_seconds"] += seconds
+
+    def add_costs(self, stats: CollectStats) -> None:
+        """Add one collection's cost to the step's counters."""
         c = self._costs
         c["episodes"] += stats.episodes
         c["failed"] += stats.failed
         c["generated_tokens"] += stats.generated_tokens
         c["sampled_turns"] += stats.sampled_turns
         c["rollout_seconds"] += stats.seconds
-        return trajs
 
     def take_costs(self) -> dict[str, float]:
         """The counters of the collections since the last call (and reset them)."""
