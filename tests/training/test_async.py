@@ -105,6 +105,14 @@ def test_stale_turns_always_recompute_old_logprobs(tiny_policy: Policy) -> None:
     assert needs_old_logprobs(ppo, spec, tiny_policy, [_episode(3, 3), _episode(2, 3)], 3)
 
 
+def test_progress_line_shows_staleness_when_collection_runs_ahead() -> None:
+    from agentrl.training.progress import _staleness
+
+    assert _staleness({"rollout/staleness_max": 1.0}) == "  stale 1"
+    assert _staleness({"rollout/staleness_max": 0.0}) == ""  # the synchronous line is unchanged
+    assert _staleness({"rollout/staleness_max": 0.0, "rollout/trunk_lag_max": 3.0}) == "  stale 0"  # RTPO ahead
+
+
 def test_embedded_engine_with_shared_weights_is_refused_at_setup() -> None:
     with pytest.raises(ValueError, match=r"max_staleness=1 .*weights: copy"):
         fit(make_module(GRPO(group_size=2)), letter_data(batch_size=4, steps=1, max_staleness=1))
@@ -202,30 +210,46 @@ def test_rtpo_s1_runs_trunks_ahead_and_keeps_siblings_on_policy(lora_server: tup
 # ---------------------------------------------------------------------------------------------------- weight push
 
 
+class SlowAnsweredPushEngine(VLLMEngine):
+    """Test-only: the answer to the load of adapter ``agentrl-v2`` reaches the client 0.5 s after the server loaded
+    it (a slow network), so requests sent meanwhile name the replaced adapter ``agentrl-v1``."""
+
+    async def _load(self, url: str, name: str, path: Path, *, replace: bool = True) -> None:
+        await super()._load(url, name, path, replace=replace)
+        if name == "agentrl-v2":
+            await asyncio.sleep(0.5)
+
+
 @pytest.mark.slow
 def test_push_while_requests_are_in_flight_is_safe(lora_server: tuple[Server, Path]) -> None:
-    """Sixteen long generations in flight while a new adapter is pushed: every one completes (a request the push
-    overtook is sent again naming the new adapter, never loading the replaced one back), each is stamped with a
-    pushed version, and requests after the push are served the new version."""
+    """Generations sent every 20 ms while adapter v2 is pushed over v1 (`agentrl serve` over HTTP): every one
+    completes; requests the load overtook (sent naming v1 while the push was under way, answered 404) are sent
+    again naming v2 and stamped 2 — some are; the replaced adapter is never loaded back (one load of v1 in the
+    server's log); requests after the push are served v2."""
     server, root = lora_server
     policy = Policy("tiny-random", lora=LORA, seed=0)
-    engine = VLLMEngine([server.url], adapter_dir=str(root / "push"), logprobs_mode="processed_logprobs",
-                        timeout=60, retries=0)
-    sampling = SamplingParams(max_tokens=48, stop_token_ids=(0,))
+    engine = SlowAnsweredPushEngine([server.url], adapter_dir=str(root / "push"), logprobs_mode="processed_logprobs",
+                                    timeout=60, retries=0)
+    sampling = SamplingParams(max_tokens=16, stop_token_ids=(0,))
+    loads_before = server.output(tail=None).count('"POST /v1/load_lora_adapter')
 
-    async def scenario() -> tuple[list[Any], Any]:
+    async def scenario() -> tuple[list[tuple[int, Any]], Any]:
         await engine.update_weights(policy, version=1)
-        pending = [asyncio.ensure_future(engine.generate([5 + i, 6, 7], sampling.with_seed(i), session=str(i)))
-                   for i in range(16)]
-        await asyncio.sleep(0.05)
-        await engine.update_weights(policy, version=2)
-        done = await asyncio.gather(*pending)
+        push = asyncio.ensure_future(engine.update_weights(policy, version=2))
+        sent: list[tuple[int, asyncio.Future[Any]]] = []
+        while not push.done():
+            sent.append((engine.version, asyncio.ensure_future(
+                engine.generate([5 + len(sent), 6, 7], sampling.with_seed(len(sent)), session=str(len(sent))))))
+            await asyncio.sleep(0.02)
+        await push
+        done = [(named, await f) for named, f in sent]
         after = await engine.generate([5, 6, 7], sampling.with_seed(0), session="after")
         await engine.shutdown()
         return done, after
 
     done, after = asyncio.run(scenario())
-    assert {c.policy_version for c in done} <= {1, 2} and after.policy_version == 2
-    assert all(c.token_ids for c in done)
+    assert done and all(c.token_ids for _, c in done)
+    assert {c.policy_version for _, c in done} <= {1, 2} and after.policy_version == 2
+    assert any(named == 1 and c.policy_version == 2 for named, c in done)  # overtaken, sent again naming v2
     log = server.output(tail=None)
-    assert log.count("agentrl-v1") >= 1 and "POST /v1/load_lora_adapter" in log
+    assert log.count('"POST /v1/load_lora_adapter') - loads_before == 2  # v1, v2: v1 never loaded back

@@ -6,7 +6,8 @@ a CI job:
 
 * at the start: the MLflow run name, id and experiment, and the exact ``mlflow ui`` command that opens the store
   this run writes;
-* after every RL step: ``step k/N``, the step's reward and success, the step time, the generated tokens, the ETA;
+* after every RL step: ``step k/N``, the step's reward and success, the step time, the generated tokens, the
+  staleness (``stale N``, the most versions a trained turn lagged, when collection runs ahead), the ETA;
 * inside a step and during evaluations, the phase the run is in (`StatusLine`, read from the run's
   `agentrl.runview.StepProgress`): collecting (episodes done of expected, in flight, tokens), RTPO's depth k of K,
   scoring, updating (epoch and minibatch i of n), evaluating. On a terminal it is one line redrawn in place; in a
@@ -29,7 +30,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TextIO
@@ -90,6 +91,12 @@ def mlflow_ui_command(tracking_uri: str) -> str:
 
 def _clock(seconds: float) -> str:
     return str(timedelta(seconds=round(seconds)))
+
+
+def _staleness(m: Mapping[str, float]) -> str:
+    """``  stale N`` when the step trained on turns sampled N versions behind (data.max_staleness >= 1), else ''."""
+    lag = m.get("rollout/staleness_max", 0.0)
+    return f"  stale {lag:.0f}" if lag > 0 or "rollout/trunk_lag_max" in m else ""
 
 
 def describe(phase: StepPhase, now: float) -> str:
@@ -285,7 +292,7 @@ class RunProgress(ProgressBar):
         self._say(trainer, (
             f"step {step:>{len(str(total))}}/{total}  reward {m.get('rollout/reward', float('nan')):+.3f}  "
             f"success {m.get('rollout/success', float('nan')):.2f}  {m.get('perf/step_seconds', 0.0):.1f} s  "
-            f"{int(m.get('perf/generated_tokens', 0))} tokens  ETA {_clock(eta)}"))
+            f"{int(m.get('perf/generated_tokens', 0))} tokens{_staleness(m)}  ETA {_clock(eta)}"))
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._stop_status(pl_module)
