@@ -111,6 +111,7 @@ def test_progress_line_shows_staleness_when_collection_runs_ahead() -> None:
     assert _staleness({"rollout/staleness_max": 1.0}) == "  stale 1"
     assert _staleness({"rollout/staleness_max": 0.0}) == ""  # the synchronous line is unchanged
     assert _staleness({"rollout/staleness_max": 0.0, "rollout/trunk_lag_max": 3.0}) == "  stale 0"  # RTPO ahead
+    assert _staleness({"rollout/staleness_max": 0.0, "rollout/trunk_lag_max": 0.0}) == ""  # RTPO, s = 0
 
 
 def test_embedded_engine_with_shared_weights_is_refused_at_setup() -> None:

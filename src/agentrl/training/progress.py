@@ -96,7 +96,7 @@ def _clock(seconds: float) -> str:
 def _staleness(m: Mapping[str, float]) -> str:
     """``  stale N`` when the step trained on turns sampled N versions behind (data.max_staleness >= 1), else ''."""
     lag = m.get("rollout/staleness_max", 0.0)
-    return f"  stale {lag:.0f}" if lag > 0 or "rollout/trunk_lag_max" in m else ""
+    return f"  stale {lag:.0f}" if lag > 0 or m.get("rollout/trunk_lag_max", 0.0) > 0 else ""
 
 
 def describe(phase: StepPhase, now: float) -> str:
