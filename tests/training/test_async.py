@@ -254,3 +254,18 @@ def test_push_while_requests_are_in_flight_is_safe(lora_server: tuple[Server, Pa
     assert any(named == 1 and c.policy_version == 2 for named, c in done)  # overtaken, sent again naming v2
     log = server.output(tail=None)
     assert log.count('"POST /v1/load_lora_adapter') - loads_before == 2  # v1, v2: v1 never loaded back
+
+
+def test_preflight_refuses_s1_with_the_embedded_engine_before_any_work(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``agentrl fit`` with ``data.max_staleness: 1`` and the default (embedded, shared-weights) engine stops in
+    preflight, naming the key to set, before an MLflow store is created."""
+    import agentrl
+    from agentrl.training.preflight import ConfigError
+    from tests.training.test_cli_ux import SMOKE
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("agentrl.training.cli.quiet_libraries", lambda: None)
+    with pytest.raises(ConfigError, match=r"model.engine.init_args.weights: copy"):
+        agentrl.fit(SMOKE, data={"max_staleness": 1})
+    assert not (tmp_path / "mlflow.db").exists()

@@ -29,10 +29,12 @@ import torch
 from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch.loggers import Logger
 
+from agentrl.engines.specs import HFEngineSpec
 from agentrl.models.facts import model_context, module_names
 from agentrl.models.loading import SMOLLM2, check_model_spec
 from agentrl.models.policy import Policy
 from agentrl.models.precision import check_explicit_bf16
+from agentrl.training.async_collect import check_async
 from agentrl.training.checkpoint_io import CheckpointError, check_checkpoint
 from agentrl.training.module import AgentRLModule
 
@@ -145,9 +147,12 @@ def _recorded(errors: list[str], check: Any, *args: Any, suffix: str = "", **kwa
 
 
 def _check_across(module: ModulePlan, data: Any) -> None:
-    """The batch holds whole groups; a vLLM engine's declared log-prob mode reports the sampling temperature; the
-    token budget of a turn fits the model's context window."""
+    """The batch holds whole groups; ``data.max_staleness`` >= 1 has an engine and update that allow it; a vLLM
+    engine's declared log-prob mode reports the sampling temperature; the token budget of a
+    turn fits the model's context window."""
     data.configure(module.algorithm.episodes_per_task)
+    engine = module.engine if module.engine is not None else HFEngineSpec()  # the module's default engine
+    check_async(getattr(data, "max_staleness", 0), engine, getattr(module.algorithm, "ppo", None))
     check_sampling = getattr(module.engine, "check_sampling", None)
     if check_sampling is not None and hasattr(data, "sampling"):
         check_sampling(data.sampling)
