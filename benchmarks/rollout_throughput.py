@@ -11,6 +11,12 @@ All figures come from one run, side by side. Usage::
 
     python benchmarks/rollout_throughput.py [--episodes 16 --turns 4 --max-tokens 48] [--dtypes float32 bfloat16]
         [--concurrency 1 8 32] [--out benchmarks/results]
+    python benchmarks/rollout_throughput.py --old-vs-default [--rounds 4 --naive-episodes 4]
+
+``--old-vs-default`` (issue 31): the engine's old default (the trainer's fp32 modules) against its new default (its
+own weight copy in ``decode_dtype: auto``), alternating on one policy under the same load, each against the naive
+loop in its dtype; ``speedup`` is then the default engine's figure, and decode ms/step is held against
+``roofline.json``'s bandwidth floor.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -49,8 +56,11 @@ def observation_ids(tok) -> list[int]:  # type: ignore[no-untyped-def]
                            add_special_tokens=False))
 
 
-def run_naive(policy: Policy, episodes: int, turns: int, max_tokens: int) -> dict[str, Any]:
-    tok, model = policy.tokenizer, policy.model
+def run_naive(policy: Policy, episodes: int, turns: int, max_tokens: int, model: Any = None) -> dict[str, Any]:
+    """``model.generate`` turn after turn (``model``: the policy's, or another copy of it, e.g. in bf16), with its
+    KV cache within each call (``use_cache=True``: `Policy` turns the model config's cache off for training, and
+    generate follows the config: without it the loop ran at 1.2 tok/s, every token re-reading the context)."""
+    tok, model = policy.tokenizer, policy.model if model is None else model
     obs = observation_ids(tok)
     generated = 0
     tokens: list[list[int]] = []
@@ -63,7 +73,7 @@ def run_naive(policy: Policy, episodes: int, turns: int, max_tokens: int) -> dic
             with torch.no_grad():
                 out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_tokens, do_sample=True,
                                      temperature=1.0, top_k=0, top_p=1.0, eos_token_id=policy.stop_token_ids,
-                                     pad_token_id=tok.pad_token_id or 0)
+                                     pad_token_id=tok.pad_token_id or 0, use_cache=True)
             new = out[0, x.shape[1]:].tolist()
             tokens.append(new)
             generated += len(new)
@@ -72,8 +82,14 @@ def run_naive(policy: Policy, episodes: int, turns: int, max_tokens: int) -> dic
     return {"tokens": generated, "seconds": seconds, "tokens_per_s": generated / seconds, "turn_tokens": tokens}
 
 
-def run_engine(policy: Policy, episodes: int, turns: int, max_tokens: int, prefix_cache: bool) -> dict[str, Any]:
-    engine = HFEngine(policy, max_batch_size=32, prefix_cache_tokens=65536 if prefix_cache else 0)
+def run_engine(policy: Policy, episodes: int, turns: int, max_tokens: int, prefix_cache: bool,
+               engine: HFEngine | None = None) -> dict[str, Any]:
+    """The episodes concurrently through ``engine`` (default: a new shared-weights engine), from an empty prefix
+    store and zeroed counters."""
+    if engine is None:
+        engine = HFEngine(policy, max_batch_size=32, prefix_cache_tokens=65536 if prefix_cache else 0)
+    engine.drop_prefix_cache()
+    engine.reset_stats()
     tok = policy.tokenizer
     obs = observation_ids(tok)
 
@@ -97,7 +113,7 @@ def run_engine(policy: Policy, episodes: int, turns: int, max_tokens: int, prefi
             "prefill_tokens": s.prefill_tokens, "cached_tokens": s.cached_tokens, "decode_steps": s.decode_steps,
             "prefill_seconds": s.prefill_seconds, "prefill_forwards": s.prefill_forwards,
             "decode_seconds": s.decode_seconds, "mean_decode_batch": s.generated_tokens / max(s.decode_steps, 1),
-            "turn_tokens": tokens}
+            "decode_ms_per_step": 1000 * s.decode_seconds / max(s.decode_steps, 1), "turn_tokens": tokens}
 
 
 def run_collector(policy: Policy, concurrency: int, episodes: int, max_tokens: int) -> dict[str, float]:
@@ -168,6 +184,91 @@ def compare(policy: Policy, args: argparse.Namespace, *, with_no_reuse: bool) ->
     return out
 
 
+def old_vs_default(args: argparse.Namespace) -> dict[str, Any]:
+    """The old default engine (the trainer's fp32 modules, ``weights: shared``) against the new one (its own weight
+    copy in ``decode_dtype: auto``, bf16 with native bf16) on one fp32 policy, alternating round by round under the
+    same load; each against the naive loop in its own dtype (the naive bf16 loop runs on the engine's bf16 copy)."""
+    policy = Policy("smollm2-135m-instruct", dtype="float32", compute_dtype="float32")
+    policy.model.eval()
+    engines = {"old": HFEngine(policy, max_batch_size=32, prefix_cache_tokens=65536, weights="shared"),
+               "new": HFEngine(policy, max_batch_size=32, prefix_cache_tokens=65536, weights="copy")}
+    new_weights = engines["new"].weights
+    dtype = {"old": "float32", "new": str(next(new_weights.model.parameters()).dtype).removeprefix("torch.")}
+    pushes = []
+    for _ in range(3):
+        asyncio.run(engines["new"].update_weights(policy))
+        pushes.append(engines["new"].stats.push_seconds)
+        engines["new"].reset_stats()
+    for engine in engines.values():  # warm-up: the first forward of each pays one-off allocations
+        run_engine(policy, 2, 1, 4, True, engine)
+    rounds: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
+    for r in range(args.rounds):
+        for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
+            run = run_engine(policy, args.episodes, args.turns, args.max_tokens, True, engines[name])
+            run.pop("turn_tokens")
+            rounds[name].append(run)
+            print(f"round {r} {name} ({dtype[name]}): {run['tokens_per_s']:6.1f} tok/s, decode "
+                  f"{run['decode_ms_per_step']:6.1f} ms/step at mean batch {run['mean_decode_batch']:.1f}", flush=True)
+    naive = {}
+    for name, model in (("old", policy.model), ("new", new_weights.model)):
+        run_naive(policy, 1, 1, 4, model)  # warm-up
+        naive[name] = run_naive(policy, args.naive_episodes, args.turns, args.max_tokens, model)
+        naive[name].pop("turn_tokens")
+        print(f"naive loop ({dtype[name]}): {naive[name]['tokens_per_s']:6.1f} tok/s", flush=True)
+    out: dict[str, Any] = {"push_seconds": pushes, "copy_mib": new_weights.nbytes / 2**20}
+    for name in ("old", "new"):
+        best = max(rounds[name], key=lambda x: x["tokens_per_s"])
+        out[f"{name}_default"] = {"weights": "shared" if name == "old" else "copy", "dtype": dtype[name],
+                                  "rounds": rounds[name], "naive": naive[name],
+                                  "best_tokens_per_s": best["tokens_per_s"],
+                                  "best_decode_ms_per_step": min(x["decode_ms_per_step"] for x in rounds[name]),
+                                  "speedup": best["tokens_per_s"] / naive[name]["tokens_per_s"]}
+    ratios = [n["tokens_per_s"] / o["tokens_per_s"] for o, n in zip(rounds["old"], rounds["new"], strict=True)]
+    steps = [o["decode_ms_per_step"] / n["decode_ms_per_step"] for o, n in zip(rounds["old"], rounds["new"],
+                                                                              strict=True)]
+    out["new_over_old_tokens_per_s_by_round"], out["old_over_new_decode_ms_by_round"] = ratios, steps
+    out["roofline"] = _against_roofline(args.roofline, out, dtype["new"])
+    return out
+
+
+def _against_roofline(path: Path, out: dict[str, Any], new_dtype: str) -> dict[str, Any] | None:
+    """The best decode ms/step of each engine against the bandwidth floor of its dtype (roofline.json)."""
+    if not path.is_file():
+        return None
+    threads = torch.get_num_threads()
+    floors = {f["threads"]: f for f in json.loads(path.read_text()).get("decode_floor", [])}
+    floor = floors.get(threads) or floors.get(1)
+    if floor is None:
+        return None
+    result: dict[str, Any] = {"floor_threads": floor["threads"], "read_gb_per_s": floor["read_gb_per_s"]}
+    for name, dtype in (("old", "float32"), ("new", new_dtype)):
+        ms = out[f"{name}_default"]["best_decode_ms_per_step"]
+        result[name] = {"floor_ms": floor[dtype]["bandwidth_floor_ms"], "decode_ms": ms,
+                        "fraction_of_roofline": floor[dtype]["bandwidth_floor_ms"] / ms}
+    return result
+
+
+def main_old_vs_default(args: argparse.Namespace) -> None:
+    machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    results: dict[str, Any] = {"machine": machine, "cpu": cpu_identity(), "load_average_start": os.getloadavg(),
+                               "workload": vars(args) | {"out": str(args.out), "roofline": str(args.roofline)}}
+    start = time.perf_counter()
+    comparison = old_vs_default(args)
+    results.update(comparison)
+    results["speedup"] = comparison["new_default"]["speedup"]  # the default engine's figure (issue 31)
+    results["load_average_end"] = os.getloadavg()
+    results["wall_seconds"] = time.perf_counter() - start
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "rollout_throughput.json"
+    earlier = json.loads(path.read_text()) if path.is_file() else None
+    if earlier is not None and "old_default" not in earlier:  # keep the earlier fp32/bf16 run beside, marked
+        (args.out / "rollout_throughput_earlier_run.json").write_text(json.dumps(earlier, indent=2))
+    path.write_text(json.dumps(results, indent=2))
+    print(json.dumps({k: results[k] for k in ("speedup", "new_over_old_tokens_per_s_by_round", "roofline",
+                                              "push_seconds", "copy_mib")}, indent=1))
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--episodes", type=int, default=16)
@@ -180,7 +281,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--only-profile", action="store_true", help="add the profile to an existing result file")
+    parser.add_argument("--old-vs-default", action="store_true",
+                        help="the old default engine (shared fp32) against the new (bf16 weight copy), alternating")
+    parser.add_argument("--rounds", type=int, default=4, help="--old-vs-default: engine rounds of each")
+    parser.add_argument("--naive-episodes", type=int, default=4, help="--old-vs-default: naive loop episodes")
+    parser.add_argument("--roofline", type=Path, default=Path("benchmarks/results/roofline.json"))
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (1 on a loaded machine: with 2, a batch-1 loop waits on OpenMP barriers "
+                             "for a descheduled thread, measured 1.2 tok/s naive against 16 on an idle machine)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.old_vs_default:
+        main_old_vs_default(args)
+        return
     if args.only_profile:
         path = args.out / "rollout_throughput.json"
         saved = json.loads(path.read_text())

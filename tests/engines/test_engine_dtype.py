@@ -1,5 +1,6 @@
-"""The embedded engine's decoding dtype (`HFEngineSpec.compute_dtype`): fp32 by default whatever the trainer
-computes in, or the policy's own autocast with ``policy``."""
+"""The embedded engine's decoding dtype on shared weights (`HFEngineSpec.compute_dtype`): fp32 by default whatever
+the trainer computes in, or the policy's own autocast with ``policy``. (The weight copy's dtype:
+tests/engines/test_engine_weights.py.)"""
 
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ def _generate(spec: HFEngineSpec, policy: Policy) -> list[Completion]:
 
 
 def test_a_bf16_trainer_keeps_fp32_rollouts_by_default_and_bf16_ones_when_asked() -> None:
-    fp32 = _generate(HFEngineSpec(), Policy("tiny-random", seed=0))
+    fp32 = _generate(HFEngineSpec(weights="shared"), Policy("tiny-random", seed=0))
     bf16_policy = Policy("tiny-random", seed=0, compute_dtype="bfloat16")
-    default = _generate(HFEngineSpec(), bf16_policy)
-    following = _generate(HFEngineSpec(compute_dtype="policy"), bf16_policy)
+    default = _generate(HFEngineSpec(weights="shared"), bf16_policy)
+    following = _generate(HFEngineSpec(weights="shared", compute_dtype="policy"), bf16_policy)
     for a, b in zip(fp32, default, strict=True):  # the same fp32 decode: same tokens, same log-probs
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
     worst = max(abs(x - y) for a, c in zip(fp32, following, strict=True)
@@ -37,4 +38,4 @@ def test_a_bf16_trainer_keeps_fp32_rollouts_by_default_and_bf16_ones_when_asked(
 
 def test_a_bad_engine_dtype_is_named() -> None:
     with pytest.raises(ValueError, match="engine.compute_dtype must be 'float32' or 'policy'"):
-        HFEngineSpec(compute_dtype="bfloat16")  # type: ignore[arg-type]
+        HFEngineSpec(weights="shared", compute_dtype="bfloat16")  # type: ignore[arg-type]

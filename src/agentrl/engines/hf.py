@@ -1,7 +1,10 @@
-"""`HFEngine`: the embedded rollout engine, in process, sharing the policy's parameters.
+"""`HFEngine`: the embedded rollout engine, in process, on the policy's parameters or its own copy of them.
 
-* **Weight sync is a version bump.** The engine runs the very modules the trainer updates; `update_weights`
-  only bumps the version and drops the prefix cache (its KV was computed with the old weights).
+* **Weight sync is a version bump, or a copy.** With ``weights="shared"`` the engine runs the very modules the
+  trainer updates, and `update_weights` only bumps the version; with ``weights="copy"`` it decodes with its own
+  copy in ``decode_dtype`` (bf16 where the CPU has native bf16 matmuls: half the bytes read per decode step), which
+  `update_weights` refreshes in place (`agentrl.engines.weights`). Either way the prefix cache is dropped (its KV
+  was computed with the old weights).
 * **Continuous batching.** Concurrent `generate` calls from many episodes join one decode batch; a request is
   admitted as soon as a slot is free (``max_batch_size``) and leaves as soon as it stops, without waiting for the
   rest of the batch (static batching, as ``model.generate`` does, waits for the longest).
@@ -38,6 +41,7 @@ from agentrl.engines.base import Completion, SamplingParams
 from agentrl.engines.hf_requests import EngineStats, Lookup, Request
 from agentrl.engines.kvcache import BatchKV, PrefixStore, common_prefix_len, prefill_batch, prefill_chunks
 from agentrl.engines.sampling import RowSampling, sample_rows
+from agentrl.engines.weights import DecodeDType, WeightsMode, engine_weights
 from agentrl.models.policy import Policy
 from agentrl.types import FinishReason
 
@@ -51,7 +55,7 @@ class HFEngine:
     """In-process engine over a `Policy`.
 
     Args:
-        policy: The policy whose modules generate (shared, never copied).
+        policy: The policy whose weights generate (its modules, or a copy of them: ``weights``).
         max_batch_size: Most sequences decoded together.
         prefix_cache_tokens: Token budget of the prefix KV store (0 disables prefix reuse).
         max_context: Context window; defaults to the model's ``max_position_embeddings``.
@@ -77,13 +81,18 @@ class HFEngine:
         seed: int = 0,
         step_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         autocast: bool = False,
+        weights: WeightsMode = "shared",
+        decode_dtype: DecodeDType = "auto",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if prefill_batch_tokens < 1:
             raise ValueError(f"prefill_batch_tokens must be >= 1, got {prefill_batch_tokens}")
+        if weights == "copy" and autocast:
+            raise ValueError("autocast applies to shared weights only: a weight copy decodes in its own dtype")
         self._prefill_batch_tokens = prefill_batch_tokens
         self.policy = policy
+        self.weights = engine_weights(policy, weights, decode_dtype)
         self.max_batch_size = max_batch_size
         self._max_context = int(max_context or policy.max_context)
         self._version = 0
@@ -93,6 +102,7 @@ class HFEngine:
         self._step_context, self._autocast = step_context, autocast
         self._waiting: deque[Request] = deque()
         self._active: list[Request] = []
+        self._admitting: list[Request] = []
         self._batch = BatchKV(self._num_layers)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
@@ -114,13 +124,24 @@ class HFEngine:
         return self.policy.tokenizer
 
     async def update_weights(self, policy: Any = None, *, version: int | None = None) -> None:
-        """The parameters are shared, so only the version moves; cached KV of the old weights is dropped."""
+        """Serve the policy's current weights as a new version: shared weights need nothing more, a copy is
+        refreshed in place (``stats.push_seconds``); cached KV of the old weights is dropped.
+
+        The refresh runs on the event loop, so no scheduler step starts while it copies, and only with no request
+        in the decode batch."""
         if policy is not None and policy is not self.policy:
-            raise ValueError("HFEngine shares its policy's parameters; update_weights got a different policy")
-        if self._active:
+            raise ValueError("HFEngine serves the policy it was built on; update_weights got a different policy")
+        if self._active or self._admitting:
             raise RuntimeError("update_weights while requests are being decoded: collect, then update")
+        self.stats.push_seconds += self.weights.refresh(self.policy)
+        self.stats.pushes += 1
         self._version = self._version + 1 if version is None else int(version)
         self._prefix.clear()
+
+    @property
+    def weights_bytes(self) -> int:
+        """Bytes of weights the engine holds itself (a copy; 0 when it shares the policy's)."""
+        return self.weights.nbytes
 
     def drop_prefix_cache(self) -> None:
         """Forget the stored prefixes and their KV. The trainer calls it before it changes the shared weights
@@ -175,6 +196,7 @@ class HFEngine:
                 req.future.set_result(self._completion(req, "abort"))
         self._waiting.clear()
         self._active.clear()
+        self._admitting = []
         self._batch = BatchKV(self._num_layers)
         if self._task is not None:
             self._task.cancel()
@@ -202,9 +224,11 @@ class HFEngine:
             admitted: list[Request] = []
             while self._waiting and len(self._active) + len(admitted) < self.max_batch_size:
                 admitted.append(self._waiting.popleft())
+            self._admitting = admitted  # being prefilled: in flight, though not yet in the decode batch
             try:
                 if admitted:
                     self._active.extend(await asyncio.to_thread(self._timed, self._prefill, admitted))
+                    self._admitting = []
                     for req in admitted:
                         if req.error is not None:
                             self._fail(req)
@@ -217,7 +241,7 @@ class HFEngine:
                 for req in admitted + self._active:
                     if not req.future.done():
                         req.future.set_exception(exc)
-                self._active, self._batch = [], BatchKV(self._num_layers)
+                self._active, self._admitting, self._batch = [], [], BatchKV(self._num_layers)
 
     def _drop_cancelled_waiting(self) -> None:
         """Forget queued requests whose caller gave up (they hold no KV yet)."""
@@ -240,7 +264,7 @@ class HFEngine:
     def _timed_step(self, fn: Callable[..., T], *args: Any) -> T:
         start = time.perf_counter()
         prefill = fn == self._prefill
-        model = self.policy.model
+        model = self.weights.model  # a copy is always in eval mode; the shared modules are switched for the step
         was_training = model.training
         model.eval()
         try:
@@ -287,14 +311,15 @@ class HFEngine:
 
     @property
     def _device(self) -> torch.device:
-        return next(self.policy.model.parameters()).device  # read each time: Lightning may move the model
+        return next(self.weights.model.parameters()).device  # read each time: Lightning may move the model
 
     def _forward(self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: Any) -> Tensor:
         """Logits (B, V) of the last position."""
+        weights = self.weights
         with self.policy.autocast() if self._autocast else contextlib.nullcontext():
-            out = self.policy.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                                       cache=cache, use_cache=True)
-            logits = self.policy.lm_head(out.last_hidden_state[:, -1])
+            out = weights.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                                   cache=cache, use_cache=True)
+            logits = weights.lm_head(out.last_hidden_state[:, -1])
         return logits.float()
 
     def _prefill(self, requests: list[Request]) -> list[Request]:

@@ -57,6 +57,8 @@ class EngineStats:
     busy_seconds: float = 0.0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    pushes: int = 0
+    push_seconds: float = 0.0  # refreshing a weight copy (`update_weights`); 0 with shared weights
 
 
 @dataclass

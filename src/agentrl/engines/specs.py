@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import torch
+
 from agentrl.engines.base import RolloutEngine
+
+WeightsMode = Literal["shared", "copy"]
+DecodeDType = Literal["auto", "float32", "bfloat16"]
 
 
 @runtime_checkable
@@ -24,33 +29,70 @@ class HFEngineSpec:
         max_batch_size: Most sequences decoded together.
         prefix_cache_tokens: Token budget of the prefix KV store (0 disables reuse).
         max_context: Context window (default: the model's).
-        compute_dtype: ``float32`` decodes in fp32 whatever the trainer computes in; ``policy`` decodes under the
-            policy's compute dtype (bf16 autocast when ``policy.compute_dtype`` resolves to bf16). fp32 is the
-            default because it was measured faster for decoding on the 2-core CPU (docs/benchmarks.md: bf16
-            decoded at 0.94x fp32's tokens/s while the bf16 update ran at 1.32x), and because fp32 rollouts are
-            what the exactness tests and the fp32 agreement check use. With a bf16 trainer the engine is then not
-            the trainer's code, and the trainer recomputes pi_old (`agentrl.training.mismatch`).
+        compute_dtype: With ``weights: shared`` only. ``float32`` decodes in fp32 whatever the trainer computes in;
+            ``policy`` decodes under the policy's compute dtype (bf16 autocast when ``policy.compute_dtype``
+            resolves to bf16). bf16 *autocast* over fp32 weights was measured slower than fp32 for decoding on the
+            2-core CPU (docs/benchmarks.md: 0.94x fp32's tokens/s): a bf16 decode pays only with bf16 *weights*,
+            which is what ``weights: copy`` gives.
+        weights: ``copy`` (the default) decodes with the engine's own copy of the model in ``decode_dtype``,
+            refreshed at every push (`agentrl.engines.weights`; its cost is logged as ``perf/engine_push_s``, its
+            size as ``perf/engine_weights_mib``); ``shared`` runs the trainer's own modules (no extra memory, fp32
+            rollouts from an fp32 policy: what the exactness tests and the learning benchmarks pin).
+        decode_dtype: With ``weights: copy`` only: the copy's dtype. ``auto`` is bf16 where the device has native
+            bf16 matmuls (CPU flags ``avx512_bf16`` / ``amx_bf16``, CUDA's bf16 support) and the model is at least
+            `agentrl.models.precision.MIN_WIDTH` wide, else fp32 (the policy's ``auto`` rule); an explicit
+            ``bfloat16`` on a CPU without native bf16 stops in preflight.
+
+    Whenever the engine does not decode in fp32 from an fp32 policy computing in fp32, the trainer recomputes
+    π_old (`agentrl.training.mismatch`); an fp32 copy of an fp32 policy runs the trainer's code on equal weights.
     """
 
     shares_trainer_code = True
-    """The engine runs the trainer's own modules: in fp32 its log-probs are the trainer's π_old (to about 1e-5), so
-    the trainer need not recompute them (`agentrl.training.mismatch`)."""
+    """The engine runs the trainer's own code (its modules, or a copy of them): decoding in fp32 from an fp32
+    policy, its log-probs are the trainer's π_old (to about 1e-5), so the trainer need not recompute them
+    (`agentrl.training.mismatch`, which also asks `decode_dtype_for`)."""
 
     def __init__(self, max_batch_size: int = 32, prefix_cache_tokens: int = 32768, max_context: int | None = None,
-                 compute_dtype: Literal["float32", "policy"] = "float32"):
+                 compute_dtype: Literal["float32", "policy"] = "float32", weights: WeightsMode = "copy",
+                 decode_dtype: DecodeDType = "auto"):
         if compute_dtype not in ("float32", "policy"):
             raise ValueError(f"engine.compute_dtype must be 'float32' or 'policy', got {compute_dtype!r}")
-        self.compute_dtype = compute_dtype
+        if weights not in ("shared", "copy"):
+            raise ValueError(f"engine.weights must be 'shared' or 'copy', got {weights!r}")
+        if decode_dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"engine.decode_dtype must be 'auto', 'float32' or 'bfloat16', got {decode_dtype!r}")
+        if weights == "copy" and compute_dtype != "float32":
+            raise ValueError("engine.compute_dtype applies to weights: shared; a weight copy decodes in "
+                             "engine.decode_dtype (set weights: shared to decode under the policy's autocast)")
+        if weights == "shared" and decode_dtype != "auto":
+            raise ValueError("engine.decode_dtype applies to weights: copy; shared weights decode in their own dtype "
+                             "or under engine.compute_dtype")
         if max_batch_size < 1:
             raise ValueError(f"engine.max_batch_size must be >= 1, got {max_batch_size}")
         if prefix_cache_tokens < 0:
             raise ValueError(f"engine.prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
+        self.compute_dtype = compute_dtype
+        self.weights = weights
+        self.decode_dtype = decode_dtype
         self.max_batch_size = max_batch_size
         self.prefix_cache_tokens = prefix_cache_tokens
         self.max_context = max_context
+
+    def decode_dtype_for(self, policy: Any) -> torch.dtype:
+        """The dtype the engine will decode ``policy`` in: the copy's, or (shared) the policy's compute dtype under
+        ``compute_dtype: policy``, else the weights' own."""
+        if self.weights == "copy":
+            from agentrl.engines.weights import resolve_decode_dtype
+
+            return resolve_decode_dtype(self.decode_dtype, policy).dtype
+        if self.compute_dtype == "policy" and policy.compute_dtype != torch.float32:
+            return policy.compute_dtype
+        floating = {p.dtype for p in policy.model.parameters() if p.is_floating_point()}
+        return torch.float32 if floating == {torch.float32} else next(iter(floating - {torch.float32}))
 
     def build(self, policy: Any) -> RolloutEngine:
         from agentrl.engines.hf import HFEngine
 
         return HFEngine(policy, max_batch_size=self.max_batch_size, prefix_cache_tokens=self.prefix_cache_tokens,
-                        max_context=self.max_context, autocast=self.compute_dtype == "policy")
+                        max_context=self.max_context, autocast=self.compute_dtype == "policy", weights=self.weights,
+                        decode_dtype=self.decode_dtype)

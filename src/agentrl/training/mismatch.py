@@ -40,10 +40,14 @@ Scorer = Callable[[Sequence[Trajectory], Iterable[TurnKey]], dict[TurnKey, list[
 
 def engine_is_trainer(engine_spec: Any, policy: Any) -> bool:
     """Whether the engine runs the trainer's own fp32 code on its weights (the recorded log-probs are π_old):
-    an engine spec that says so (``shares_trainer_code``, the embedded HF engine), fp32 weights and fp32 compute
-    (bf16 rounds differently in a KV-cached decode than in the update's full forward)."""
+    an engine spec that says so (``shares_trainer_code``, the embedded HF engine, on the policy's modules or an
+    exact copy of them), fp32 weights, fp32 compute, and an engine decoding in fp32 (``decode_dtype_for``, where
+    the spec tells: a bf16 weight copy is not the trainer's code; bf16 also rounds differently in a KV-cached
+    decode than in the update's full forward)."""
     fp32_weights = all(p.dtype == torch.float32 for p in policy.model.parameters() if p.is_floating_point())
-    return (bool(getattr(engine_spec, "shares_trainer_code", False)) and fp32_weights
+    decode_dtype = getattr(engine_spec, "decode_dtype_for", None)
+    fp32_decode = decode_dtype is None or decode_dtype(policy) == torch.float32
+    return (bool(getattr(engine_spec, "shares_trainer_code", False)) and fp32_weights and fp32_decode
             and policy.compute_dtype == torch.float32)
 
 

@@ -62,4 +62,8 @@ def step_perf_metrics(stats: Mapping[str, float], seconds: float, policy_version
         out["perf/packing_saving"] = 1.0 - stats["packed_tokens"] / stats["unpacked_tokens"]
     if stats["episodes"] > 0:
         out["rollout/failed"] = stats["failed"] / stats["episodes"]
+    if stats["engine_pushes"] > 0:
+        out["perf/engine_push_s"] = stats["engine_push_seconds"] / stats["engine_pushes"]
+    if "engine_weights_bytes" in stats:
+        out["perf/engine_weights_mib"] = stats["engine_weights_bytes"] / 2**20
     return out

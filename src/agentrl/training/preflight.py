@@ -130,7 +130,7 @@ def preflight(parser: ArgumentParser, config: Namespace, subcommand: str = "fit"
     try:
         _check_trainer(config.get(subcommand, config))
         if isinstance(module, ModulePlan):
-            check_bf16(module.policy, config.get(subcommand, config).get("trainer.accelerator"))
+            check_bf16(module.policy, config.get(subcommand, config).get("trainer.accelerator"), module.engine)
         if isinstance(module, ModulePlan) and hasattr(data, "configure"):
             _check_across(module, data)
     except ValueError as exc:
@@ -163,15 +163,18 @@ def _check_across(module: ModulePlan, data: Any) -> None:
                          f"for {module.policy.model}), got {sampling.max_tokens}")
 
 
-def check_bf16(policy: PolicyPlan, accelerator: Any) -> None:
-    """An explicit bf16 (compute or weights) on a device without native bf16 matmuls stops here, naming the key
-    (`agentrl.models.precision.check_explicit_bf16`); ``auto`` never does: it resolves to fp32 there."""
+def check_bf16(policy: PolicyPlan, accelerator: Any, engine: Any = None) -> None:
+    """An explicit bf16 (compute or weights, or the embedded engine's weight copy) on a device without native bf16
+    matmuls stops here, naming the key (`agentrl.models.precision.check_explicit_bf16`); ``auto`` never does: it
+    resolves to fp32 there."""
     device = _device_type(accelerator)
     if device is None:
         return
     for key, value in (("compute_dtype", policy.compute_dtype), ("dtype", policy.dtype)):
         if value == "bfloat16":
             check_explicit_bf16(f"model.policy.init_args.{key}", torch.device(device))
+    if getattr(engine, "weights", None) == "copy" and getattr(engine, "decode_dtype", None) == "bfloat16":
+        check_explicit_bf16("model.engine.init_args.decode_dtype", torch.device(device))
 
 
 def _device_type(accelerator: Any) -> str | None:

@@ -7,8 +7,8 @@ things, each checked:
 * **collect** — run a collection for training. The engine must serve the version the trainer is at, and every
   sampled (not replayed) turn must carry that version afterwards; the collection's cost (episodes, failures,
   generated tokens, sampled turns, seconds) is added to the step's counters (`take_costs`).
-* **push** — serve new weights under a new version number (a version bump for the embedded engine, a LoRA
-  hot-load for vLLM).
+* **push** — serve new weights under a new version number (a version bump for the embedded engine on shared
+  weights, a refresh of its weight copy, a LoRA hot-load for vLLM); its wall time is counted.
 * **play** — held-out episodes for evaluation, with the sampling passed as a value (greedy evaluation is
   ``temperature=0``), outside the training counters.
 * **launch** — start a collection and return at once (bounded-staleness collection, `agentrl.training.async_collect`,
@@ -147,8 +147,16 @@ class RolloutSession:
         return self._runtime.run(coro)
 
     def push(self, policy: Any, version: int) -> None:
-        """Serve ``policy``'s weights as ``version``: every later rollout uses them."""
+        """Serve ``policy``'s weights as ``version``: every later rollout uses them. Its wall time is counted
+        (``engine_push_seconds`` / ``engine_pushes``), with the size of the weights the engine holds itself where
+        it says (``weights_bytes``: the embedded engine's weight copy, 0 when it shares the policy's)."""
+        start = time.perf_counter()
         self.run(self.engine.update_weights(policy, version=version))
+        self._costs["engine_push_seconds"] += time.perf_counter() - start
+        self._costs["engine_pushes"] += 1
+        held = getattr(self.engine, "weights_bytes", None)
+        if isinstance(held, int):
+            self._costs["engine_weights_bytes"] = float(held)  # a size, not a sum: the latest
 
     def drop_prefix_cache(self) -> None:
         """Drop the embedded engine's prefix KV cache (stale once the weights change; engines without one: no-op)."""

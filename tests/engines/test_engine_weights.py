@@ -1,0 +1,176 @@
+"""The embedded engine's own weight copy (`agentrl.engines.weights`, ``HFEngineSpec(weights="copy")``): separate
+storage in the decode dtype, refreshed by `HFEngine.update_weights` and only then; the trainer recomputes π_old
+exactly when the copy is not the trainer's fp32 code."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from agentrl.engines.base import Completion, SamplingParams
+from agentrl.engines.hf import HFEngine
+from agentrl.engines.specs import HFEngineSpec
+from agentrl.models import precision
+from agentrl.models.policy import LoRASettings, Policy
+from agentrl.training.mismatch import recompute_on
+from agentrl.training.settings import PPOSettings
+
+PROMPTS = [list(range(3 + i, 20 + 2 * i)) for i in range(3)]
+
+
+def _generate(engine: HFEngine) -> list[Completion]:
+    async def run() -> list[Completion]:
+        sp = SamplingParams(max_tokens=10, stop_token_ids=())
+        return await asyncio.gather(*[engine.generate(p, sp.with_seed(i)) for i, p in enumerate(PROMPTS)])
+
+    return asyncio.run(run())
+
+
+def _logprobs(outs: list[Completion]) -> list[list[float]]:
+    return [o.logprobs for o in outs]
+
+
+def _worst(a: list[list[float]], b: list[list[float]]) -> float:
+    return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=False))
+
+
+def _trainer_logprobs(policy: Policy, outs: list[Completion]) -> list[list[float]]:
+    scored = []
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        ids = torch.tensor([prompt + out.token_ids])
+        pos = torch.zeros_like(ids, dtype=torch.bool)
+        pos[0, len(prompt):] = True
+        with torch.no_grad():
+            scored.append(policy.token_logprobs(ids, torch.ones_like(ids), pos).logprobs[pos].tolist())
+    return scored
+
+
+def _optimizer_step(policy: Policy) -> None:
+    """One real AdamW step on the policy's trainable parameters (a language-model loss on a prompt)."""
+    opt = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-2)
+    ids = torch.tensor([PROMPTS[0]])
+    pos = torch.zeros_like(ids, dtype=torch.bool)
+    pos[0, 1:] = True
+    loss = -policy.token_logprobs(ids, torch.ones_like(ids), pos).logprobs.sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+
+
+@pytest.mark.parametrize("lora", [None, LoRASettings(r=4, target_modules=["q_proj", "v_proj"])],
+                         ids=["full", "lora"])
+def test_an_optimizer_step_changes_nothing_the_copy_reads_until_the_push(lora: LoRASettings | None) -> None:
+    policy = Policy("tiny-random", seed=0, lora=lora)
+    if lora is not None:  # peft starts B at zero: move the adapter first, so the copy must carry a real adapter
+        _optimizer_step(policy)
+    engine = HFEngine(policy, weights="copy")
+    before = _generate(engine)
+    assert _worst(_logprobs(before), _trainer_logprobs(policy, before)) < 1e-5
+    _optimizer_step(policy)
+    assert _logprobs(_generate(engine)) == _logprobs(before)  # same seeds, same copy: bit for bit the same
+    asyncio.run(engine.update_weights(policy))
+    after = _generate(engine)
+    fresh = _generate(HFEngine(policy, weights="copy"))  # a copy built from the stepped policy
+    assert [o.token_ids for o in after] == [o.token_ids for o in fresh]
+    assert _logprobs(after) == _logprobs(fresh)
+    assert _worst(_logprobs(after), _trainer_logprobs(policy, after)) < 1e-5  # the trainer's code and weights
+    assert _logprobs(after) != _logprobs(before)  # the step did move the policy
+
+
+def test_a_shared_engine_sees_the_step_at_once() -> None:
+    """The contrast: without a copy the engine reads the tensors the optimizer writes."""
+    policy = Policy("tiny-random", seed=0)
+    engine = HFEngine(policy, weights="shared")
+    before = _generate(engine)
+    _optimizer_step(policy)
+    assert _logprobs(_generate(engine)) != _logprobs(before)
+    assert engine.weights_bytes == 0
+
+
+def test_a_bf16_copy_holds_half_the_bytes_and_decodes_in_bf16() -> None:
+    policy = Policy("tiny-random", seed=0)
+    fp32 = HFEngine(policy, weights="copy", decode_dtype="float32")
+    bf16 = HFEngine(policy, weights="copy", decode_dtype="bfloat16")
+    dtypes = {p.dtype for p in bf16.weights.model.parameters()}
+    assert dtypes == {torch.bfloat16}
+    assert {p.dtype for p in policy.model.parameters()} == {torch.float32}  # the policy is untouched
+    params = sum(p.numel() for p in policy.model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in policy.model.buffers())
+    assert fp32.weights_bytes == 4 * params + buffers and bf16.weights_bytes == 2 * params + buffers
+    worst = _worst(_logprobs(_generate(fp32)), _logprobs(_generate(bf16)))
+    assert 1e-4 < worst < 0.1  # bf16 rounding: different numbers, the same model
+    assert all(not p.requires_grad for p in bf16.weights.model.parameters()) and not bf16.weights.model.training
+
+
+def test_auto_follows_the_cpu_rule_and_the_width_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``decode_dtype: auto`` is the policy's rule: tiny models stay fp32; a wide one is bf16 only with native
+    bf16 (the probe replaced to simulate both CPUs)."""
+    from agentrl.engines.weights import resolve_decode_dtype
+
+    policy = Policy("tiny-random", seed=0)
+    assert resolve_decode_dtype("auto", policy).dtype == torch.float32  # hidden size 64 < MIN_WIDTH
+    monkeypatch.setattr(precision, "MIN_WIDTH", 16)
+    monkeypatch.setattr(precision, "cpu_bf16_support", lambda: precision.Bf16Support(True, "CPU X has avx512_bf16"))
+    assert resolve_decode_dtype("auto", policy).dtype == torch.bfloat16
+    monkeypatch.setattr(precision, "cpu_bf16_support", lambda: precision.Bf16Support(False, "CPU Y has none"))
+    assert resolve_decode_dtype("auto", policy).dtype == torch.float32
+    assert resolve_decode_dtype("bfloat16", policy).dtype == torch.bfloat16  # explicit: preflight judges it
+
+
+def test_recompute_follows_the_copy_dtype() -> None:
+    fp32, bf16_compute = Policy("tiny-random"), Policy("tiny-random", compute_dtype="bfloat16")
+    auto = PPOSettings()
+    assert not recompute_on(auto, HFEngineSpec(weights="copy", decode_dtype="float32"), fp32)  # the trainer's code
+    assert not recompute_on(auto, HFEngineSpec(weights="shared"), fp32)
+    assert recompute_on(auto, HFEngineSpec(weights="copy", decode_dtype="bfloat16"), fp32)
+    assert recompute_on(auto, HFEngineSpec(weights="copy", decode_dtype="float32"), bf16_compute)
+    assert recompute_on(auto, HFEngineSpec(weights="shared", compute_dtype="policy"), bf16_compute)
+
+
+def test_the_spec_builds_the_copy_and_names_wrong_settings() -> None:
+    engine = HFEngineSpec().build(Policy("tiny-random"))  # the default: a copy
+    assert isinstance(engine, HFEngine) and engine.weights.holds_copy
+    assert not HFEngineSpec(weights="shared").build(Policy("tiny-random")).weights.holds_copy  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="engine.weights must be 'shared' or 'copy'"):
+        HFEngineSpec(weights="both")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="engine.decode_dtype must be"):
+        HFEngineSpec(decode_dtype="float16")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="engine.compute_dtype applies to weights: shared"):
+        HFEngineSpec(compute_dtype="policy")
+    with pytest.raises(ValueError, match="engine.decode_dtype applies to weights: copy"):
+        HFEngineSpec(weights="shared", decode_dtype="bfloat16")
+
+
+def test_a_push_during_a_prefill_is_refused() -> None:
+    """A refresh must never run under a forward: a request being prefilled (not yet in the decode batch) counts."""
+    policy = Policy("tiny-random", seed=0)
+    engine = HFEngine(policy, weights="copy")
+
+    async def run() -> str:
+        task = asyncio.create_task(engine.generate(PROMPTS[0], SamplingParams(max_tokens=4, stop_token_ids=())))
+        while not engine._admitting:  # the scheduler has handed the request to the worker thread
+            await asyncio.sleep(0)
+        try:
+            await engine.update_weights(policy)
+            return "pushed"
+        except RuntimeError as exc:
+            return str(exc)
+        finally:
+            await task
+
+    assert "while requests are being decoded" in asyncio.run(run())
+
+
+def test_preflight_refuses_an_explicit_bf16_copy_without_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentrl.training.preflight import PolicyPlan, check_bf16
+
+    monkeypatch.delenv(precision.ALLOW_SLOW_BF16, raising=False)
+    monkeypatch.setattr(precision, "cpu_bf16_support", lambda: precision.Bf16Support(False, "CPU Y has no native bf16"))
+    plan = PolicyPlan("tiny-random", False, compute_dtype="float32")
+    check_bf16(plan, "cpu", HFEngineSpec())  # auto: never refused
+    with pytest.raises(ValueError, match="model.engine.init_args.decode_dtype is bfloat16, but CPU Y"):
+        check_bf16(plan, "cpu", HFEngineSpec(decode_dtype="bfloat16"))
+    monkeypatch.setattr(precision, "cpu_bf16_support", lambda: precision.Bf16Support(True, "CPU X has amx_bf16"))
+    check_bf16(plan, "cpu", HFEngineSpec(decode_dtype="bfloat16"))
