@@ -1,4 +1,4 @@
-"""A short supervised *format* warm-up for the learning benchmark's FrozenLake cells.
+"""A short supervised *format* warm-up for the learning benchmark's FrozenLake and CreditChain cells.
 
 SmolLM2-135M-Instruct wins FrozenLake 2x2 in 3-9 % of held-out games whatever the turn and token limits
 (docs/benchmarks.md, "FrozenLake: base success"), below the 10-60 % band the learning benchmark asks for: most of its
@@ -12,9 +12,16 @@ Writes a model folder (weights and tokenizer, ``save_pretrained``) that ``--mode
 and ``warmup.json`` beside it with the settings, the loss and the valid-reply rate of sampled first replies on
 held-out boards before and after. Deterministic for a given seed on one machine.
 
+CreditChain (``--env creditchain``): SmolLM2 names a colour in 0-3 % of its replies (docs/benchmarks.md, "Credit
+assignment"). The targets are one uniformly random option word per reply, on episodes of every grid setting
+(M in {1, 3}, D in {0, 4, 8}, decisions first and last), each turn rendered as the learning cells' agent sees it
+(`EnvAgent(history=1)`: the system prompt, the first observation and the last exchange), so one warm-up serves
+every cell of the grid and says nothing about which colour is right for a cue.
+
 Example::
 
     python benchmarks/format_warmup.py --out checkpoints/warmup/frozenlake-format
+    python benchmarks/format_warmup.py --env creditchain --out checkpoints/warmup/creditchain-format
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ from typing import Any
 
 import torch
 
-from agentrl.envs import FrozenLakeEnv
+from agentrl.agents.env_agent import EnvAgent
+from agentrl.envs import CreditChainEnv, FrozenLakeEnv
 from agentrl.models.loading import SMOLLM2, load_model
 from agentrl.models.precision import cpu_identity
 
@@ -41,6 +49,37 @@ WORDS = ("left", "down", "right", "up")
 def make_env() -> FrozenLakeEnv:
     """The learning benchmark's FrozenLake (configs/learning/frozenlake.yaml)."""
     return FrozenLakeEnv(size=2, holes=0, max_turns=6, prompt_example=True)
+
+
+# CreditChain settings of the learning grid (configs/learning/creditchain.yaml and the cells' overrides)
+CHAIN_SETTINGS = [dict(decisions=m, distractors=d, order=o) for m in (1, 3) for d in (0, 4, 8)
+                  for o in ("decisions_first", "decisions_last")]
+CHAIN_BASE = dict(options=2, cues=4, prompt_example=True)
+
+
+def make_chain(setting: dict[str, Any]) -> CreditChainEnv:
+    return CreditChainEnv(**CHAIN_BASE, **setting)
+
+
+def chain_conversations(n: int, seed: int) -> list[list[dict[str, str]]]:
+    """``n`` CreditChain episodes (settings in turn) on training seeds ``0..n-1``, one sample per turn: the prompt
+    `EnvAgent(history=1)` sends and a uniformly random option word as the reply."""
+    rng = random.Random(seed)
+    out = []
+    for episode in range(n):
+        env = make_chain(CHAIN_SETTINGS[episode % len(CHAIN_SETTINGS)])
+        agent = EnvAgent(env, history=1)
+        system = {"role": "system", "content": env.system_prompt}
+        first = {"role": "user", "content": env.reset(episode)}
+        exchanges: list[dict[str, str]] = []
+        for _ in range(env.decisions + env.distractors):
+            word = rng.choice(env.words)
+            out.append([*agent._context(system, first, exchanges), {"role": "assistant", "content": word}])
+            result = env.step(word)
+            if result.terminated or result.truncated:
+                break
+            exchanges += [{"role": "assistant", "content": word}, {"role": "user", "content": result.observation}]
+    return out
 
 
 def conversations(n: int, seed: int) -> list[list[dict[str, str]]]:
@@ -82,12 +121,12 @@ def encode(tok: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[in
 
 
 @torch.no_grad()
-def valid_rate(tok: Any, model: Any, episodes: int, max_tokens: int, seed: int) -> float:
-    """Fraction of sampled first replies (temperature 1, held-out boards) that hold a direction word."""
-    env = make_env()
+def valid_rate(tok: Any, model: Any, episodes: int, max_tokens: int, seed: int, env_name: str = "frozenlake") -> float:
+    """Fraction of sampled first replies (temperature 1, held-out boards) that hold a direction (option) word."""
     torch.manual_seed(seed)
     valid = 0
     for k in range(episodes):
+        env = make_env() if env_name == "frozenlake" else make_chain(CHAIN_SETTINGS[k % len(CHAIN_SETTINGS)])
         messages = [{"role": "system", "content": env.system_prompt},
                     {"role": "user", "content": env.reset(1_000_000 + k)}]
         x = torch.tensor([tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)])
@@ -101,22 +140,25 @@ def valid_rate(tok: Any, model: Any, episodes: int, max_tokens: int, seed: int) 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=ROOT / "checkpoints" / "warmup" / "frozenlake-format")
-    p.add_argument("--episodes", type=int, default=32, help="random-reply conversations to fine-tune on")
+    p.add_argument("--env", choices=("frozenlake", "creditchain"), default="frozenlake")
+    p.add_argument("--out", type=Path, default=None, help="default: checkpoints/warmup/<env>-format")
+    p.add_argument("--episodes", type=int, default=32, help="random-reply episodes to fine-tune on")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--check", type=int, default=32, help="held-out first replies sampled before and after")
     args = p.parse_args(argv)
+    args.out = args.out or ROOT / "checkpoints" / "warmup" / f"{args.env}-format"
     torch.manual_seed(args.seed)
     start, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     loaded = load_model(SMOLLM2)
     tok, model = loaded.tokenizer, loaded.model
     model.eval()
-    before = valid_rate(tok, model, args.check, 12, args.seed)
+    before = valid_rate(tok, model, args.check, 12, args.seed, args.env)
     print(f"[warmup] valid first replies before: {before:.3f}", flush=True)
-    data = [encode(tok, c) for c in conversations(args.episodes, args.seed)]
+    made = conversations if args.env == "frozenlake" else chain_conversations
+    data = [encode(tok, c) for c in made(args.episodes, args.seed)]
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     model.train()
     losses = []
@@ -138,14 +180,19 @@ def main(argv: list[str] | None = None) -> int:
             losses.append(float(loss))
             print(f"[warmup] epoch {epoch} batch {b // args.batch}: loss {losses[-1]:.3f}", flush=True)
     model.eval()
-    after = valid_rate(tok, model, args.check, 12, args.seed)
+    after = valid_rate(tok, model, args.check, 12, args.seed, args.env)
     print(f"[warmup] valid first replies after: {after:.3f}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(args.out))
     tok.save_pretrained(str(args.out))
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-    report = {"base_model": SMOLLM2, "environment": "FrozenLakeEnv(size=2, holes=0, max_turns=6, prompt_example=True)",
-              "targets": "one uniformly random direction word per reply (no information about the right move)",
+    environment = ("FrozenLakeEnv(size=2, holes=0, max_turns=6, prompt_example=True)" if args.env == "frozenlake"
+                   else f"CreditChainEnv({CHAIN_BASE}) over {CHAIN_SETTINGS}, EnvAgent(history=1) prompts")
+    report = {"base_model": SMOLLM2, "environment": environment,
+              "targets": ("one uniformly random direction word per reply (no information about the right move)"
+                          if args.env == "frozenlake" else
+                          "one uniformly random option word per reply (no information about the right colour)"),
+              "samples": len(data),
               "episodes": args.episodes, "epochs": args.epochs, "batch": args.batch, "lr": args.lr, "seed": args.seed,
               "optimizer_steps": len(losses), "losses": losses,
               "valid_first_replies": {"before": before, "after": after, "sampled": args.check, "max_tokens": 12},

@@ -13,10 +13,17 @@ env/schedule/seed), so the runs can be compared in the UI.
 ``--report`` (also run after the cells) draws the learning curves (mean and spread over seeds, x = generated
 tokens) and writes the table that docs/benchmarks.md quotes.
 
+CreditChain *settings* are environment names with knobs after the config's name (`env_setting`):
+``creditchain-d8`` is ``configs/learning/creditchain.yaml`` with 8 distractors, ``creditchain-m3-d4-last-n0.5``
+3 decisions, 4 distractors, decisions last (the control), distractor noise σ = 0.5. Each setting is its own folder
+of cells; its learning rates come from the sweep of the plain config name (``--env creditchain --lrs``), so one
+protocol run serves the grid.
+
 Example::
 
     python benchmarks/learning.py --env guess --schedules rtpo turn_ppo grpo token_ppo --seeds 0 1 2
     python benchmarks/learning.py --env guess --report
+    python benchmarks/learning.py --env creditchain-d0 creditchain-d4 creditchain-d8 --lr-from-sweep --seeds 0 1 2 3 4
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import csv
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import signal
@@ -44,21 +52,68 @@ from agentrl.models.precision import cpu_identity
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "learning"
 SCHEDULES = ("rtpo", "turn_ppo", "grpo", "token_ppo")
-TARGETS = {"guess": 0.25, "frozenlake": 0.75}  # held-out sampled success for "tokens to reach the target"
+# held-out sampled success for "tokens to reach the target"
+TARGETS = {"guess": 0.25, "frozenlake": 0.75, "creditchain": 0.9}
 
 
 # environments whose cells start from a warmed-up model folder (the env config names it), made once by a script
-WARMUPS = {"frozenlake": ("format_warmup.py", ROOT / "checkpoints" / "warmup" / "frozenlake-format")}
+WARMUPS = {
+    "frozenlake": (["format_warmup.py"], ROOT / "checkpoints" / "warmup" / "frozenlake-format"),
+    "creditchain": (["format_warmup.py", "--env", "creditchain"],
+                    ROOT / "checkpoints" / "warmup" / "creditchain-format"),
+}
+
+# per environment, settings a schedule file must not keep there: RTPO's `max_depth: 3` (FrozenLake, GuessNumber)
+# would never train a CreditChain decision that comes after turn 3 (the control puts it last), so RTPO trains
+# every depth there
+SCHEDULE_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
+    ("creditchain", "rtpo"): {"model": {"algorithm": {"init_args": {"max_depth": None}}}},
+}
+
+_KNOBS = {"d": ("distractors", int), "m": ("decisions", int), "n": ("noise", float)}
+
+
+def env_setting(name: str) -> tuple[str, dict[str, Any]]:
+    """``creditchain-m3-d4-last-n0.5`` → (``creditchain``, the env's init_args it overrides). Knobs: ``d<D>``
+    distractors, ``m<M>`` decisions, ``n<σ>`` noise, ``first``/``last`` order; a plain name has none."""
+    base, *parts = name.split("-")
+    knobs: dict[str, Any] = {}
+    for part in parts:
+        match = re.fullmatch(r"([dmn])(\d+(?:\.\d+)?)", part)
+        if part in ("first", "last"):
+            knobs["order"] = f"decisions_{part}"
+        elif match and (match[1] == "n" or "." not in match[2]):
+            key, kind = _KNOBS[match[1]]
+            knobs[key] = kind(match[2])
+        else:
+            raise ValueError(f"--env {name}: {part!r} is not a setting (d<D>, m<M>, n<sigma>, first or last)")
+    if knobs and base != "creditchain":
+        raise ValueError(f"--env {name}: settings apply to creditchain only")
+    return base, knobs
+
+
+def env_name(name: str) -> str:
+    """argparse type of ``--env``: a config under configs/learning/ with valid settings."""
+    try:
+        base, _ = env_setting(name)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if not (CONFIGS / f"{base}.yaml").exists():
+        known = ", ".join(sorted(x.stem for x in CONFIGS.glob("*.yaml")))
+        raise argparse.ArgumentTypeError(f"--env {name}: no configs/learning/{base}.yaml (known: {known})")
+    return name
 
 
 def ensure_warmup(env: str, out: Path) -> None:
     """Make the env's warm-up model when its folder is missing; keep its report beside the env's results."""
-    if env not in WARMUPS:
+    base, _ = env_setting(env)
+    if base not in WARMUPS:
         return
-    script, folder = WARMUPS[env]
+    script, folder = WARMUPS[base]
     if not (folder / "warmup.json").exists():
-        print(f"[learning] {env}: making the format warm-up model {folder} (once, ~5 min)", flush=True)
-        subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--out", str(folder)], check=True, cwd=ROOT)
+        print(f"[learning] {base}: making the format warm-up model {folder} (once, ~5 min)", flush=True)
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / script[0]), *script[1:], "--out", str(folder)],
+                       check=True, cwd=ROOT)
     (out / env).mkdir(parents=True, exist_ok=True)
     shutil.copyfile(folder / "warmup.json", out / env / "warmup.json")
 
@@ -70,7 +125,8 @@ def cell_dir(out: Path, env: str, schedule: str, seed: int) -> Path:
 def overrides(env: str, schedule: str, seed: int, folder: Path, tracking_uri: str, scratch: Path) -> dict[str, Any]:
     """The cell's own settings: its seed, its loggers (CSV into the cell folder, MLflow with tags), scratch."""
     tags = {"benchmark": "learning", "env": env, "schedule": schedule, "seed": str(seed)}
-    return {
+    base, knobs = env_setting(env)
+    cell: dict[str, Any] = {
         "seed_everything": seed,
         "trainer": {"logger": [
             {"class_path": "lightning.pytorch.loggers.CSVLogger",
@@ -86,16 +142,40 @@ def overrides(env: str, schedule: str, seed: int, folder: Path, tracking_uri: st
         "data": {"seed": seed},
         "model": {"seed": seed},
     }
+    if knobs:
+        cell["data"]["agent"] = {"init_args": {"env": {"init_args": knobs}}}
+    for key, value in SCHEDULE_OVERRIDES.get((base, schedule), {}).items():
+        cell[key] = _merged(cell.get(key, {}), value)
+    return cell
+
+
+def _merged(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for key, value in b.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def cell_folder(out: Path, env: str, schedule: str, seed: int, lr: float | None, sweep: bool) -> Path:
     return sweep_dir(out, env, schedule, lr, seed) if sweep and lr is not None else cell_dir(out, env, schedule, seed)
 
 
+def finished(folder: Path, lr: float | None, sweep: bool) -> bool:
+    """Whether the cell in ``folder`` has run: it has a summary, and a cell asked for at a sweep-chosen ``lr`` ran
+    at that lr (a summary from a run at the configs' lr, or at another choice, is not this cell's result)."""
+    f = folder / "summary.json"
+    if not f.exists():
+        return False
+    if lr is None or sweep:
+        return True
+    done = json.loads(f.read_text())
+    return bool(done.get("lr_source") == "chosen by the sweep" and done.get("lr") == lr)
+
+
 def config_value(env: str, schedule: str, *keys: str) -> Any:
     """A setting as the cell's configs give it (the schedule's file over the environment's), None when unset."""
     value = None
-    for path in (CONFIGS / f"{env}.yaml", CONFIGS / "schedules" / f"{schedule}.yaml"):
+    for path in (CONFIGS / f"{env_setting(env)[0]}.yaml", CONFIGS / "schedules" / f"{schedule}.yaml"):
         node: Any = yaml.safe_load(path.read_text())
         for key in keys:
             node = node.get(key) if isinstance(node, dict) else None
@@ -108,11 +188,11 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
     """One cell; ``lr`` overrides the configs' policy learning rate, ``sweep`` plays no held-out games."""
     folder = cell_folder(args.out, env, schedule, seed, lr, sweep)
     name = folder.relative_to(args.out).as_posix()  # e.g. frozenlake/rtpo/seed0, sweep/frozenlake/rtpo/lr1e-05/seed10
-    if (folder / "summary.json").exists():
+    if finished(folder, lr, sweep):
         print(f"[learning] {name}: finished earlier, skipped", flush=True)
         return json.loads((folder / "summary.json").read_text())
-    if folder.exists():
-        shutil.rmtree(folder)  # a partial cell from an interrupted sitting: start it again
+    if folder.exists():  # a partial cell from an interrupted sitting, or one run at another lr: start it again
+        shutil.rmtree(folder)  # (a committed earlier result stays in git history)
     folder.mkdir(parents=True)
     scratch = args.scratch / folder.relative_to(args.out)  # per cell (sweep cells: per lr too), so runners can share
     shutil.rmtree(scratch, ignore_errors=True)
@@ -126,7 +206,7 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
         critic_lr = config_value(env, schedule, "model", "optim", "critic_lr")  # stated, not left to a merge
         cell["model"]["optim"] = {"lr": lr} | ({"critic_lr": critic_lr} if critic_lr is not None else {})
     (folder / "overrides.json").write_text(json.dumps(cell, indent=1))
-    cmd = [sys.executable, "-m", "agentrl", "fit", "--config", str(CONFIGS / f"{env}.yaml"),
+    cmd = [sys.executable, "-m", "agentrl", "fit", "--config", str(CONFIGS / f"{env_setting(env)[0]}.yaml"),
            "--config", str(CONFIGS / "schedules" / f"{schedule}.yaml"), "--config", str(folder / "overrides.json"),
            *args.extra]
     print(f"[learning] {name}: running", flush=True)
@@ -201,7 +281,9 @@ def summarize(metrics_csv: Path, env: str, schedule: str, seed: int, wall: float
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--env", nargs="+", default=["guess"], choices=sorted(x.stem for x in CONFIGS.glob("*.yaml")))
+    p.add_argument("--env", nargs="+", default=["guess"], type=env_name,
+                   help="a config of configs/learning/ (" + ", ".join(sorted(x.stem for x in CONFIGS.glob("*.yaml")))
+                        + "), creditchain with settings, e.g. creditchain-d8-last (see the module docstring)")
     p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
     p.add_argument("--seeds", nargs="+", type=int, default=None,
                    help=f"run seeds (default 0 1 2; with --lrs the sweep seeds {' '.join(map(str, SWEEP_SEEDS))})")
@@ -230,15 +312,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.lr_from_sweep:  # every schedule's choice is known before the first cell runs
         for env in args.env:
             for schedule in args.schedules:
-                chosen_lr(args.out, env, schedule)
+                chosen_lr(args.out, env_setting(env)[0], schedule)
     args.scratch = args.scratch.resolve()
     failed = 0
     if not args.report:
         todo = [(e, s, k, lr) for e in args.env for k in args.seeds for lr in lrs for s in args.schedules]
         ran = 0
         for env, schedule, seed, swept in todo:
-            lr = chosen_lr(args.out, env, schedule) if args.lr_from_sweep else swept
-            if (cell_folder(args.out, env, schedule, seed, lr, sweeping) / "summary.json").exists():
+            lr = chosen_lr(args.out, env_setting(env)[0], schedule) if args.lr_from_sweep else swept
+            if finished(cell_folder(args.out, env, schedule, seed, lr, sweeping), lr, sweeping):
                 run_cell(env, schedule, seed, args, lr=lr, sweep=sweeping)
                 continue
             if args.max_cells is not None and ran >= args.max_cells:
@@ -253,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             budget = int(config_value(env, args.schedules[0], "data", "max_generated_tokens"))
             report_sweep(args.out, env, args.schedules, [x for x in lrs if x is not None], args.seeds, budget)
         else:
-            report(args.out, env, args.schedules, args.seeds, TARGETS.get(env, 0.5))
+            report(args.out, env, args.schedules, args.seeds, TARGETS.get(env_setting(env)[0], 0.5))
     return 1 if failed else 0
 
 

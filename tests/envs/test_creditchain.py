@@ -16,7 +16,7 @@ from agentrl.collect.collector import Collector
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.envs import CreditChainEnv
-from agentrl.envs.creditchain import distractor_noise
+from agentrl.envs.creditchain import CUES, distractor_noise
 from agentrl.models.policy import Policy
 
 
@@ -34,6 +34,18 @@ def play(env: CreditChainEnv, seed: int, replies: list[str]) -> tuple[list[str],
 def right_and_wrong(env: CreditChainEnv, seed: int) -> tuple[str, str]:
     right = env.right_reply(seed, 0)
     return right, next(w for w in env.words if w != right)
+
+
+def test_cues_knob_limits_the_cue_words_and_keeps_the_default_draw() -> None:
+    def cue(env: CreditChainEnv, seed: int) -> str:
+        return env.reset(seed).split(".")[0].removeprefix("Cue: ")
+
+    two = CreditChainEnv(decisions=1, cues=2)
+    assert {cue(two, seed) for seed in range(40)} == set(CUES[:2])  # both drawn, nothing else
+    default, eight = CreditChainEnv(decisions=1), CreditChainEnv(decisions=1, cues=8)
+    assert [cue(default, s) for s in range(20)] == [cue(eight, s) for s in range(20)]
+    assert len({cue(default, s) for s in range(40)}) > 2
+    assert two.metadata()["cues"] == 2
 
 
 def test_deterministic_for_a_seed_and_cues_vary_across_seeds() -> None:
@@ -124,6 +136,7 @@ def test_format_errors_follow_the_protocol_and_truncate_after_the_spare_turns() 
     ({"options": 7}, "env.options"), ({"noise": -0.1}, "env.noise"), ({"noise": math.inf}, "env.noise"),
     ({"order": "middle"}, "env.order"), ({"reward": "sum"}, "env.reward"), ({"context": "none"}, "env.context"),
     ({"format_penalty": 0.5}, "env.format_penalty"), ({"fallback": "guess"}, "env.fallback"),
+    ({"cues": 0}, "env.cues"), ({"cues": 9}, "env.cues"),
 ])
 def test_bad_knobs_raise_one_line_errors_naming_the_field(kwargs: dict, field: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(ValueError, match=field) as err:

@@ -97,6 +97,9 @@ class CreditChainEnv(EpisodeSnapshots):
         fallback: What a non-empty reply without an option word is: ``error`` (a format error, the protocol) or
             ``hash`` (the option ``hash(reply) mod K``: every reply is an action, for measuring credit with a base
             model that rarely names a colour).
+        cues: How many distinct cue words episodes draw from (the first ``cues`` of the list), in [1, 8]: the rule a
+            policy must learn has this many entries (fewer cues = less to learn, so a small budget is left for
+            the credit problem itself).
     """
 
     episode_type = _ChainState
@@ -115,7 +118,11 @@ class CreditChainEnv(EpisodeSnapshots):
         format_penalty: float = -0.1,
         prompt_example: bool = True,
         fallback: Fallback = "error",
+        cues: int = len(CUES),
     ) -> None:
+        if not 1 <= cues <= len(CUES):
+            raise ValueError(f"env.cues must be in [1, {len(CUES)}], got {cues}")
+        self.cues = cues
         _validate(decisions, distractors, options, order, reward, noise, context, spare_turns, format_penalty)
         if fallback not in ("error", "hash"):
             raise ValueError(f"env.fallback must be 'error' or 'hash', got {fallback!r}")
@@ -149,7 +156,7 @@ class CreditChainEnv(EpisodeSnapshots):
                 "options": self.options, "order": self.order, "reward": self.reward_mode, "noise": self.noise,
                 "context": self.context, "agent_history": self.agent_history, "rule_seed": self.rule_seed,
                 "spare_turns": self.spare_turns, "format_penalty": self.format_penalty,
-                "prompt_example": self.prompt_example, "fallback": self.fallback}
+                "prompt_example": self.prompt_example, "fallback": self.fallback, "cues": self.cues}
 
     def is_decision(self, step: int) -> bool:
         """Whether plan position ``step`` is a decision."""
@@ -159,11 +166,12 @@ class CreditChainEnv(EpisodeSnapshots):
 
     def right_reply(self, seed: int, decision: int) -> str:
         """The right colour of decision ``decision`` (0-based) of the episode with ``seed``."""
-        return self.rule[CUES[_draw_cues(seed, self.decisions)[decision]]]
+        return self.rule[CUES[_draw_cues(seed, self.decisions, self.cues)[decision]]]
 
     def reset(self, seed: int) -> str:
         """Draw the cues from ``seed`` and return the first step's observation."""
-        self._episode = _ChainState(seed=seed, cues=_draw_cues(seed, self.decisions), started=True)
+        self._episode = _ChainState(seed=seed, cues=_draw_cues(seed, self.decisions, self.cues),
+                                   started=True)
         return self._observation()
 
     def step(self, action: str) -> StepResult:
@@ -245,9 +253,9 @@ class CreditChainEnv(EpisodeSnapshots):
         done = ", ".join(state.answers) if state.answers else "none"
         return f"{body}\n(Step {state.step + 1} of {n}; cues answered: {done}.)"
 
-def _draw_cues(seed: int, decisions: int) -> tuple[int, ...]:
+def _draw_cues(seed: int, decisions: int, cues: int) -> tuple[int, ...]:
     rng = np.random.default_rng(seed)
-    return tuple(int(c) for c in rng.integers(0, len(CUES), size=decisions))
+    return tuple(int(c) for c in rng.integers(0, cues, size=decisions))
 
 
 def _validate(decisions: int, distractors: int, options: int, order: str, reward: str, noise: float, context: str,

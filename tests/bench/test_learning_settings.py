@@ -1,0 +1,61 @@
+"""CreditChain grid settings of the learning benchmark (benchmarks/learning.py `env_setting`, cell overrides)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from learning import env_name, env_setting, overrides
+
+
+def test_a_setting_name_gives_the_config_and_the_env_knobs() -> None:
+    assert env_setting("creditchain") == ("creditchain", {})
+    assert env_setting("frozenlake") == ("frozenlake", {})
+    assert env_setting("creditchain-m3-d4-last-n0.5") == (
+        "creditchain", {"decisions": 3, "distractors": 4, "order": "decisions_last", "noise": 0.5})
+    assert env_setting("creditchain-d8-first") == ("creditchain", {"distractors": 8, "order": "decisions_first"})
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("creditchain-x8", "'x8' is not a setting"), ("creditchain-d4.5", "'d4.5' is not a setting"),
+    ("creditchain-middle", "'middle' is not a setting"), ("frozenlake-d4", "settings apply to creditchain only"),
+])
+def test_bad_setting_names_are_refused_naming_the_part(name: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        env_setting(name)
+    with pytest.raises(argparse.ArgumentTypeError, match=message):
+        env_name(name)
+
+
+def test_unknown_config_is_refused_listing_the_known_ones() -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=r"no configs/learning/sokoban.yaml \(known: .*creditchain"):
+        env_name("sokoban")
+    assert env_name("creditchain-d8-last") == "creditchain-d8-last"
+
+
+def test_cell_overrides_carry_the_knobs_and_rtpo_trains_every_depth_on_creditchain(tmp_path: Path) -> None:
+    cell = overrides("creditchain-d8-last", "rtpo", 3, tmp_path, "sqlite:///x.db", tmp_path)
+    assert cell["data"]["agent"] == {"init_args": {"env": {"init_args": {"distractors": 8,
+                                                                         "order": "decisions_last"}}}}
+    assert cell["data"]["seed"] == 3 and cell["model"]["seed"] == 3  # the merge keeps the cell's own keys
+    assert cell["model"]["algorithm"] == {"init_args": {"max_depth": None}}
+    grpo = overrides("creditchain-d8-last", "grpo", 3, tmp_path, "sqlite:///x.db", tmp_path)
+    assert "algorithm" not in grpo["model"]
+    plain = overrides("frozenlake", "rtpo", 0, tmp_path, "sqlite:///x.db", tmp_path)
+    assert "agent" not in plain["data"] and "algorithm" not in plain["model"]
+
+
+def test_a_cell_asked_for_at_the_chosen_lr_is_not_an_earlier_run_at_another(tmp_path: Path) -> None:
+    from learning import finished
+
+    assert not finished(tmp_path, 1e-5, False)  # no summary
+    (tmp_path / "summary.json").write_text('{"lr": 2e-05, "lr_source": "config"}')
+    assert finished(tmp_path, None, False)  # a plain run takes any finished cell
+    assert not finished(tmp_path, 2e-5, False)  # the first benchmark's cell, at the configs' lr
+    (tmp_path / "summary.json").write_text('{"lr": 1e-05, "lr_source": "chosen by the sweep"}')
+    assert finished(tmp_path, 1e-5, False) and not finished(tmp_path, 2e-5, False)
+    assert finished(tmp_path, 5e-6, True)  # a sweep cell's folder is per lr already
