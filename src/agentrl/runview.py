@@ -129,6 +129,7 @@ class RunView(abc.ABC):
         step_record: The last step's episodes (every collection: RTPO trunks and siblings) and the credit its
             updates gave each turn (`agentrl.credit`).
         step_progress: What the run is doing inside a step (written by the session, update and schedules).
+        generated_tokens: Tokens sampled for training so far, all ranks (restored on resume).
     """
 
     rl_step: int
@@ -138,11 +139,17 @@ class RunView(abc.ABC):
     last_eval: Mapping[str, float]
     step_record: StepRecord
     step_progress: StepProgress
+    generated_tokens: int
 
     @property
     @abc.abstractmethod
     def total_steps(self) -> int:
         """Steps the run is configured for (``data.steps``)."""
+
+    @property
+    @abc.abstractmethod
+    def max_generated_tokens(self) -> int | None:
+        """The run's budget of generated training tokens (``data.max_generated_tokens``; None: no budget)."""
 
     @property
     @abc.abstractmethod

@@ -119,3 +119,14 @@ def test_a_fit_logs_each_phase_of_its_steps_in_order(capsys: pytest.CaptureFixtu
     assert re.search(r"collecting: 2/2 episodes done, 0 in flight, [1-9]\d* tokens", out), out
     assert re.search(r"updating: epoch 2/2, minibatch \d/\d", out), out
     assert module.step_progress.snapshot() == StepPhase()  # every phase closed
+
+
+def test_eta_follows_the_token_budget_when_it_ends_the_run_first() -> None:
+    from agentrl.training.progress import eta_seconds
+
+    # 33 steps of 1,000 in 1,650 s (50 s a step) and 1,451 of a 1,600-token budget: 149 tokens at 1,650/1,451 s each
+    assert eta_seconds(1650.0, 33, 967, 1451.0, 149.0) == pytest.approx(1650.0 / 1451.0 * 149.0)
+    assert eta_seconds(1650.0, 33, 967) == pytest.approx(50.0 * 967)  # no budget: by steps
+    assert eta_seconds(100.0, 2, 1, 10.0, 1000.0) == pytest.approx(50.0)  # the steps end the run first
+    assert eta_seconds(100.0, 0, 5, 0.0, 100.0) == pytest.approx(500.0)  # nothing measured yet: by steps
+    assert eta_seconds(100.0, 4, 0, 50.0, -3.0) == 0.0  # a budget overshot by the last step

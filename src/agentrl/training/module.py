@@ -410,6 +410,10 @@ class AgentRLModule(pl.LightningModule, RunView):
         return int(self.data.steps)
 
     @property
+    def max_generated_tokens(self) -> int | None:
+        return self.data.max_generated_tokens
+
+    @property
     def schedule_name(self) -> str:
         return type(self.algorithm).__name__
 

@@ -93,6 +93,17 @@ def _clock(seconds: float) -> str:
     return str(timedelta(seconds=round(seconds)))
 
 
+def eta_seconds(elapsed: float, steps_done: int, steps_left: int, tokens_done: float = 0.0,
+                tokens_left: float | None = None) -> float:
+    """Seconds left at this run's pace: by steps (``data.steps``), or by generated tokens when a token budget
+    (``data.max_generated_tokens``) ends the run first — whichever comes sooner. ``*_done`` are counted since this
+    process started (a resumed run's earlier steps took no time here)."""
+    eta = elapsed / max(steps_done, 1) * max(steps_left, 0)
+    if tokens_left is not None and tokens_done > 0:
+        eta = min(eta, elapsed / tokens_done * max(tokens_left, 0.0))
+    return eta
+
+
 def _staleness(m: Mapping[str, float]) -> str:
     """``  stale N`` when the step trained on turns sampled N versions behind (data.max_staleness >= 1), else ''."""
     lag = m.get("rollout/staleness_max", 0.0)
@@ -194,6 +205,7 @@ class RunProgress(ProgressBar):
         self._enabled = True
         self._start = 0.0
         self._first_step = 0
+        self._first_tokens = 0
         self.status_delay, self.status_every = status_delay, status_every
         self._status: StatusLine | None = None
         self._halt = threading.Event()
@@ -270,6 +282,7 @@ class RunProgress(ProgressBar):
         self._start_status(trainer, pl_module)
         view = run_view(pl_module)
         self._first_step = view.rl_step if view is not None else 0
+        self._first_tokens = view.generated_tokens if view is not None else 0
         if self._first_step:
             self._say(trainer, f"[agentrl] resumed at step {self._first_step} from {trainer.ckpt_path}")
 
@@ -287,8 +300,10 @@ class RunProgress(ProgressBar):
         if view is None:
             return
         m, step, total = view.last_metrics, view.rl_step, view.total_steps
-        done = max(step - self._first_step, 1)
-        eta = (time.perf_counter() - self._start) / done * max(total - step, 0)
+        budget = view.max_generated_tokens
+        eta = eta_seconds(time.perf_counter() - self._start, step - self._first_step, total - step,
+                          view.generated_tokens - self._first_tokens,
+                          None if budget is None else budget - view.generated_tokens)
         self._say(trainer, (
             f"step {step:>{len(str(total))}}/{total}  reward {m.get('rollout/reward', float('nan')):+.3f}  "
             f"success {m.get('rollout/success', float('nan')):.2f}  {m.get('perf/step_seconds', 0.0):.1f} s  "
