@@ -5,6 +5,8 @@ exactly when the copy is not the trainer's fp32 code."""
 from __future__ import annotations
 
 import asyncio
+import threading
+from typing import Any
 
 import pytest
 import torch
@@ -143,24 +145,37 @@ def test_the_spec_builds_the_copy_and_names_wrong_settings() -> None:
         HFEngineSpec(weights="shared", decode_dtype="bfloat16")
 
 
-def test_a_push_during_a_prefill_is_refused() -> None:
-    """A refresh must never run under a forward: a request being prefilled (not yet in the decode batch) counts."""
+def test_a_push_during_a_prefill_waits_for_the_forward() -> None:
+    """A refresh must never run under a forward: a push that comes while a request is being prefilled (handed to
+    the worker thread, not yet in the decode batch) copies only once that model step is over."""
     policy = Policy("tiny-random", seed=0)
     engine = HFEngine(policy, weights="copy")
+    busy, overlaps = threading.Event(), []
+    timed, refresh = engine._timed, engine.weights.refresh
 
-    async def run() -> str:
+    def watched_step(fn: Any, *args: Any) -> Any:
+        busy.set()
+        try:
+            return timed(fn, *args)
+        finally:
+            busy.clear()
+
+    def watched_refresh(p: Any) -> float:
+        overlaps.append(busy.is_set())
+        return refresh(p)
+
+    engine._timed = watched_step  # type: ignore[method-assign]
+    engine.weights.refresh = watched_refresh  # type: ignore[method-assign]
+
+    async def run() -> Completion:
         task = asyncio.create_task(engine.generate(PROMPTS[0], SamplingParams(max_tokens=4, stop_token_ids=())))
         while not engine._admitting:  # the scheduler has handed the request to the worker thread
             await asyncio.sleep(0)
-        try:
-            await engine.update_weights(policy)
-            return "pushed"
-        except RuntimeError as exc:
-            return str(exc)
-        finally:
-            await task
+        await engine.update_weights(policy)
+        return await task
 
-    assert "while requests are being decoded" in asyncio.run(run())
+    out = asyncio.run(run())
+    assert overlaps == [False] and engine.version == 1 and out.policy_version == 0
 
 
 def test_preflight_refuses_an_explicit_bf16_copy_without_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -174,3 +189,47 @@ def test_preflight_refuses_an_explicit_bf16_copy_without_native_bf16(monkeypatch
         check_bf16(plan, "cpu", HFEngineSpec(decode_dtype="bfloat16"))
     monkeypatch.setattr(precision, "cpu_bf16_support", lambda: precision.Bf16Support(True, "CPU X has amx_bf16"))
     check_bf16(plan, "cpu", HFEngineSpec(decode_dtype="bfloat16"))
+
+
+def test_a_copy_is_refreshed_while_a_request_is_decoding_and_the_request_keeps_its_oldest_version(
+        tiny_policy: Policy) -> None:
+    """Bounded-staleness collection pushes while episodes are in flight: the copy engine refreshes between two
+    model steps (not refused, not racing a step), the request goes on with the new weights and completes stamped
+    with the version it started under; the next request gets the new version. Shared weights still refuse."""
+    engine = HFEngine(tiny_policy, weights="copy", decode_dtype="float32")
+    sp = SamplingParams(max_tokens=48, stop_token_ids=(), seed=1)
+    reference = asyncio.run(HFEngine(tiny_policy, weights="copy", decode_dtype="float32").generate(PROMPTS[0], sp))
+
+    async def run() -> tuple[Completion, int, int, Completion]:
+        long = asyncio.ensure_future(engine.generate(PROMPTS[0], sp))
+        while not engine._active or len(engine._active[0].out_ids) < 4:  # decoding, a few tokens in
+            await asyncio.sleep(0.001)
+        _optimizer_step(tiny_policy)
+        at_push = len(engine._active[0].out_ids)
+        await engine.update_weights(version=1)
+        after_push = len(engine._active[0].out_ids) if engine._active else -1
+        return await long, at_push, after_push, await engine.generate(PROMPTS[1], sp)
+
+    out, at_push, after_push, fresh = asyncio.run(run())
+    assert 4 <= at_push < 48 and at_push <= after_push < 48  # the push came in the middle of the decode
+    assert len(out.token_ids) == 48 and out.finish_reason == "length"
+    assert out.policy_version == 0 and fresh.policy_version == 1 and engine.version == 1
+    # up to the push the request decoded exactly as it does without one; after it, with other weights
+    assert out.token_ids[:at_push] == reference.token_ids[:at_push]
+    assert out.logprobs[:at_push] == reference.logprobs[:at_push]
+    assert max(abs(x - y) for x, y in zip(out.logprobs[after_push:], reference.logprobs[after_push:],
+                                          strict=True)) > 1e-3
+
+    shared = HFEngine(tiny_policy, weights="shared")
+
+    async def push_while_decoding() -> None:
+        long = asyncio.ensure_future(shared.generate(PROMPTS[0], sp))
+        while not shared._active:
+            await asyncio.sleep(0.001)
+        try:
+            await shared.update_weights(version=1)
+        finally:
+            await long
+
+    with pytest.raises(RuntimeError, match="while requests are being decoded"):
+        asyncio.run(push_while_decoding())

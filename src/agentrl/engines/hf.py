@@ -107,6 +107,7 @@ class HFEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
+        self._model_lock = asyncio.Lock()  # held around every model step and weight refresh (remade per loop)
         self.stats = EngineStats()
 
     # ------------------------------------------------------------------ protocol
@@ -127,16 +128,22 @@ class HFEngine:
         """Serve the policy's current weights as a new version: shared weights need nothing more, a copy is
         refreshed in place (``stats.push_seconds``); cached KV of the old weights is dropped.
 
-        The refresh runs on the event loop, so no scheduler step starts while it copies, and only with no request
-        in the decode batch."""
+        Shared weights: only with no request in flight (the trainer changes them itself, between collections). A
+        copy may be refreshed while requests are in flight (bounded-staleness collection): the refresh waits for the
+        model step that is running (prefill or decode), no step starts while it copies, and the requests go on
+        with the new weights (partial rollouts: their KV so far came from the old ones). A completion carries the
+        *oldest* version that sampled any of its tokens (`Request.version`), the one a staleness bound must use;
+        its log-probs are the probabilities its tokens were actually sampled with, the behaviour policy that the
+        trainer's importance weights correct."""
         if policy is not None and policy is not self.policy:
             raise ValueError("HFEngine serves the policy it was built on; update_weights got a different policy")
-        if self._active or self._admitting:
+        if not self.weights.holds_copy and (self._active or self._admitting):
             raise RuntimeError("update_weights while requests are being decoded: collect, then update")
-        self.stats.push_seconds += self.weights.refresh(self.policy)
-        self.stats.pushes += 1
-        self._version = self._version + 1 if version is None else int(version)
-        self._prefix.clear()
+        async with self._model_lock:
+            self.stats.push_seconds += self.weights.refresh(self.policy)
+            self.stats.pushes += 1
+            self._version = self._version + 1 if version is None else int(version)
+            self._prefix.clear()
 
     @property
     def weights_bytes(self) -> int:
@@ -211,6 +218,7 @@ class HFEngine:
                 raise RuntimeError("HFEngine is busy on another event loop; use one loop (RolloutRuntime)")
             self._loop = loop
             self._wakeup = asyncio.Event()
+            self._model_lock = asyncio.Lock()
             self._active, self._batch = [], BatchKV(self._num_layers)
             self._task = loop.create_task(self._run(), name="hf-engine-scheduler")
 
@@ -227,14 +235,19 @@ class HFEngine:
             self._admitting = admitted  # being prefilled: in flight, though not yet in the decode batch
             try:
                 if admitted:
-                    self._active.extend(await asyncio.to_thread(self._timed, self._prefill, admitted))
+                    async with self._model_lock:  # a weight refresh waits for the step, and the step for it
+                        for req in admitted:
+                            req.version = self._version  # the weights its first token is sampled with
+                        prefilled = await asyncio.to_thread(self._timed, self._prefill, admitted)
+                    self._active.extend(prefilled)
                     self._admitting = []
                     for req in admitted:
                         if req.error is not None:
                             self._fail(req)
                     self._retire()
                 if self._active:
-                    await asyncio.to_thread(self._timed, self._decode_step)
+                    async with self._model_lock:
+                        await asyncio.to_thread(self._timed, self._decode_step)
                     self._retire()
             except Exception as exc:  # a model error fails the requests in flight, not the scheduler
                 log.exception("HFEngine step failed")
@@ -304,7 +317,8 @@ class HFEngine:
 
     def _completion(self, req: Request, finish: FinishReason) -> Completion:
         return Completion(token_ids=list(req.out_ids), logprobs=list(req.out_logprobs), finish_reason=finish,
-                          policy_version=self._version, prompt_len=len(req.prompt_ids), cached_tokens=req.cached,
+                          policy_version=self._version if req.version is None else req.version,
+                          prompt_len=len(req.prompt_ids), cached_tokens=req.cached,
                           top_logprobs=list(req.out_top))
 
     # ------------------------------------------------------------------ model work (worker thread)

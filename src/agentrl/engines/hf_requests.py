@@ -35,6 +35,7 @@ class Request:
     cached: int = 0
     finish: FinishReason | None = None
     error: Exception | None = None  # set in the worker thread when this request alone failed
+    version: int | None = None  # the engine's weight version when it was admitted (its oldest weights)
 
     @property
     def gone(self) -> bool:
