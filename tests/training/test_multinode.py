@@ -116,3 +116,41 @@ def test_two_nodes_make_the_one_process_update_log_one_run_and_shard_by_global_r
     assert w1.keys() == w2.keys()
     gap = max((w1[k] - w2[k]).abs().max().item() for k in w1)
     assert gap <= 1e-4, gap
+
+
+# ---------------------------------------------------------------------------------------------------- async, 2 ranks
+
+
+@pytest.mark.slow
+def test_two_ranks_with_async_collection_keep_the_bound_globally(tmp_path: Path) -> None:
+    """GRPO, ``data.max_staleness 1``, two DDP ranks (Lightning's launcher, gloo), each with its own `agentrl serve`
+    and the update slowed by 1 s: on every rank every trained turn is at most one version behind the trainer and
+    some are exactly one behind (the overlap is real on both), the ranks train different tasks at the same versions,
+    and the logged ``rollout/staleness_max`` of each step (reduced over the ranks) is the largest lag of either
+    rank. With collection launched two steps ahead and the drop guard off, rank lags of 2 were trained and this
+    test failed."""
+    from tests.support.server import LORA_ARGS, start_server
+
+    servers = [start_server(tmp_path, *LORA_ARGS, lora_root=tmp_path) for _ in range(2)]
+    try:
+        out = tmp_path / "async"
+        proc = subprocess.run([sys.executable, "-m", "tests.training.async_ranks_run", "--urls",
+                               *(s.url for s in servers), "--adapter-root", str(tmp_path), "--out", str(out)],
+                              cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    finally:
+        for server in servers:
+            server.stop()
+    ranks = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in (0, 1)]
+    lags = [[[u["version"] - v for v in u["turn_versions"]] for u in rank["trained"]] for rank in ranks]
+    for rank, per_update in zip(ranks, lags, strict=True):
+        assert len(rank["trained"]) == 4 and all(per_update), rank["global_rank"]
+        assert max(max(u) for u in per_update) <= 1, per_update
+        assert any(1 in u for u in per_update), per_update  # this rank trained turns generated during an update
+    assert [u["version"] for u in ranks[0]["trained"]] == [u["version"] for u in ranks[1]["trained"]]
+    assert all(not set(a["tasks"]) & set(b["tasks"])
+               for a, b in zip(ranks[0]["trained"], ranks[1]["trained"], strict=True))  # sharded
+    logged = [m["rollout/staleness_max"] for m in ranks[0]["steps"]]
+    assert logged == [m["rollout/staleness_max"] for m in ranks[1]["steps"]]
+    assert logged == [float(max(*a, *b)) for a, b in zip(lags[0], lags[1], strict=True)]
+    assert all(m["rollout/stale_dropped_episodes"] == 0 for m in ranks[0]["steps"])
