@@ -195,13 +195,13 @@ class AgentRLModule(pl.LightningModule, RunView):
             self.evaluate("final")
 
     def on_fit_end(self) -> None:
-        self.detach()
+        self.detach(ended=True)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["agentrl"] = {"rl_step": self.rl_step, "policy_version": self.policy_version,
                                  "generated_tokens": self.generated_tokens,
                                  # not the episodes (a resume collects them again with the restored weights): how
-                                 # many, so that the resume can say so
+                                 # many (rank 0's; every rank launches as many), so that the resume can say so
                                  "launched_ahead": self.lookahead.launched().state() if self.lookahead else {}}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -223,15 +223,26 @@ class AgentRLModule(pl.LightningModule, RunView):
         """Start the rollout loop and the engine, connect the collector, and serve the current weights."""
         self.session.start(self._serve_policy(), make_collector, self.policy_version)
 
-    def detach(self) -> None:
-        """Cancel the batches launched ahead, stop the engine and the rollout loop (idempotent)."""
+    def detach(self, *, ended: bool = False) -> None:
+        """Cancel the batches launched ahead, stop the engine and the rollout loop (idempotent). ``ended``: the run
+        finished (its steps or token budget), rather than stopped (a signal, an error)."""
         if self.lookahead is not None:
             lost = self.lookahead.cancel()
-            if lost.episodes:
-                log.warning("stopped with %d episode(s) launched ahead for step(s) %s (%d in flight, %d finished): "
-                            "not in the checkpoint, a resume collects them again", lost.episodes,
-                            ", ".join(str(s + 1) for s in lost.steps), lost.episodes - lost.finished, lost.finished)
+            steps = ", ".join(str(s + 1) for s in lost.steps)
+            if lost.episodes and ended:  # data.max_generated_tokens ended the run before those steps
+                log.info("the run ended with %d episode(s) launched ahead for step(s) %s: discarded", lost.episodes,
+                         steps)
+            elif lost.episodes:
+                log.warning("%sstopped with %d episode(s) launched ahead for step(s) %s (%d in flight, %d finished): "
+                            "not in the checkpoint, a resume collects them again", self._rank_prefix, lost.episodes,
+                            steps, lost.episodes - lost.finished, lost.finished)
         self.session.stop()
+
+    @property
+    def _rank_prefix(self) -> str:
+        """``"rank R: "`` on several ranks (each says its own counts), else empty."""
+        trainer = self._trainer
+        return f"rank {trainer.global_rank}: " if trainer is not None and trainer.world_size > 1 else ""
 
     def evaluate(self, label: str) -> dict[str, float]:
         """Play the held-out tasks with the current weights, log ``eval/*`` to every logger and print a line
@@ -294,9 +305,12 @@ class AgentRLModule(pl.LightningModule, RunView):
             self.lookahead = Lookahead(self.session, 0, lambda step: [], 0)
         lost = self._lost_ahead
         if self.rl_step in lost.steps:  # the first step of a resumed run
-            log.warning("resumed: re-collecting %d episode(s) of step(s) %s that the stopped run had launched ahead "
-                        "(%d in flight, %d finished at the checkpoint)", lost.episodes,
-                        ", ".join(str(s + 1) for s in lost.steps), lost.episodes - lost.finished, lost.finished)
+            world = self.trainer.world_size
+            if self.trainer.is_global_zero:
+                log.warning("resumed: re-collecting %d episode(s)%s of step(s) %s that the stopped run had launched "
+                            "ahead (%d in flight, %d finished at the checkpoint)", lost.episodes,
+                            f" on each of {world} ranks" if world > 1 else "",
+                            ", ".join(str(s + 1) for s in lost.steps), lost.episodes - lost.finished, lost.finished)
             self._lost_ahead = LaunchedAhead([], 0, 0)
         trajs, metrics = self.lookahead.batch(self.rl_step, tasks, make, self.policy_version, bounded=bounded)
         self._batch_metrics = metrics
