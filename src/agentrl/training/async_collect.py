@@ -100,14 +100,16 @@ class Lookahead:
         max_staleness: s; 0 collects every batch inside its step.
         tasks_for: The tasks of a step (the data module's task stream).
         steps: Steps of the run (nothing is launched past the last).
+        episodes_per_task: Episodes a task's collection plays (GRPO: the group size; RTPO: trunks per task).
     """
 
     def __init__(self, session: RolloutSession, max_staleness: int, tasks_for: Callable[[int], list[Task]],
-                 steps: int) -> None:
+                 steps: int, episodes_per_task: int = 1) -> None:
         self.session = session
         self.max_staleness = max_staleness
         self.tasks_for = tasks_for
         self.steps = steps
+        self.episodes_per_task = episodes_per_task
         self._ahead: dict[int, _Ahead] = {}
 
     def batch(self, step: int, tasks: list[Task], make: MakeBatch, version: int, *,
@@ -157,11 +159,43 @@ class Lookahead:
         """Steps whose batches are launched and not yet taken."""
         return sorted(self._ahead)
 
-    def cancel(self) -> int:
-        """Cancel every launched batch (the run stops); returns how many were in flight."""
-        n = 0
+    def launched(self) -> LaunchedAhead:
+        """The batches launched and not yet taken: what a stop now would lose (and a resume collect again)."""
+        steps = self.pending
+        episodes = sum(len(self._ahead[s].task_ids) * self.episodes_per_task for s in steps)
+        finished = sum(self._ahead[s].collector.progress.snapshot().done for s in steps)
+        return LaunchedAhead(steps, episodes, min(finished, episodes))
+
+    def cancel(self) -> LaunchedAhead:
+        """Cancel every launched batch (the run stops); returns what was launched and not yet taken."""
+        launched = self.launched()
         for ahead in self._ahead.values():
-            n += not ahead.future.done()
             ahead.future.cancel()
         self._ahead.clear()
-        return n
+        return launched
+
+
+@dataclass(frozen=True)
+class LaunchedAhead:
+    """Batches launched ahead and not yet trained on. They are not in a checkpoint: a stop loses them and a resume
+    collects them again (same tasks and sampling seeds, the restored weights).
+
+    Attributes:
+        steps: Their steps (0-based RL step indices).
+        episodes: Episodes they hold, finished or not.
+        finished: Of those, episodes already finished when this was read (the rest were in flight).
+    """
+
+    steps: list[int]
+    episodes: int
+    finished: int
+
+    def state(self) -> dict[str, Any]:
+        """For the checkpoint (plain ints: loads with ``weights_only=True``)."""
+        return {"steps": list(self.steps), "episodes": self.episodes, "finished": self.finished}
+
+    @staticmethod
+    def of(state: dict[str, Any] | None) -> LaunchedAhead:
+        state = state or {}
+        return LaunchedAhead([int(s) for s in state.get("steps", [])], int(state.get("episodes", 0)),
+                             int(state.get("finished", 0)))

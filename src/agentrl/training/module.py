@@ -40,7 +40,7 @@ from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
 from agentrl.runview import RunView, SavesModel, StepProgress
 from agentrl.training import distributed, evaluation, memory, sharding
-from agentrl.training.async_collect import Lookahead, MakeBatch, check_async
+from agentrl.training.async_collect import LaunchedAhead, Lookahead, MakeBatch, check_async
 from agentrl.training.batching import TurnKey, TurnTargets
 from agentrl.training.callbacks import DetachOnException
 from agentrl.training.datamodule import RolloutDataModule
@@ -110,6 +110,7 @@ class AgentRLModule(pl.LightningModule, RunView):
         self.session = RolloutSession(self.engine_spec, self.step_progress)
         self.lookahead: Lookahead | None = None  # the batches launched ahead (data.max_staleness >= 1), per fit
         self._batch_metrics: dict[str, float] = {}  # the step's staleness metrics (`collect_batch`)
+        self._lost_ahead = LaunchedAhead([], 0, 0)  # resumed: what the checkpointed run had launched ahead
         self.ppo_update = PPOUpdate(policy, self.critic, self.optim, self.critic_settings, seed, self.step_progress)
         self.last_trajectories: list[Trajectory] = []
         self.step_record = StepRecord()  # the last step's episodes and per-turn credit (for the traces)
@@ -169,7 +170,7 @@ class AgentRLModule(pl.LightningModule, RunView):
         # after checkpoint restore and device placement: the engine starts at the restored policy version
         self.attach(self.data.make_collector)
         self.lookahead = Lookahead(self.session, self.data.max_staleness, self.data.train_dataloader().tasks_for,
-                                   int(self.data.steps))
+                                   int(self.data.steps), self.algorithm.episodes_per_task)
         if self.peak_flops is None:
             self.peak_flops = measure_peak_flops(self.device, self.policy.compute_dtype)
         resolved = self.policy.resolved_compute_dtype
@@ -194,17 +195,21 @@ class AgentRLModule(pl.LightningModule, RunView):
             self.evaluate("final")
 
     def on_fit_end(self) -> None:
-        self.detach()
+        self.detach(ended=True)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["agentrl"] = {"rl_step": self.rl_step, "policy_version": self.policy_version,
-                                 "generated_tokens": self.generated_tokens}
+                                 "generated_tokens": self.generated_tokens,
+                                 # not the episodes (a resume collects them again with the restored weights): how
+                                 # many (rank 0's; every rank launches as many), so that the resume can say so
+                                 "launched_ahead": self.lookahead.launched().state() if self.lookahead else {}}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("agentrl", {})
         self.rl_step = int(state.get("rl_step", 0))
         self.policy_version = int(state.get("policy_version", 0))
         self.generated_tokens = int(state.get("generated_tokens", 0))
+        self._lost_ahead = LaunchedAhead.of(state.get("launched_ahead"))
         evaluation.continue_finished_run(self._trainer, checkpoint, self.rl_step)  # a resume with more data.steps
         if self.session.started:  # restored after the engine started (sharded checkpoints): serve these weights
             self.session.push(self._serve_policy(), self.policy_version)
@@ -218,13 +223,26 @@ class AgentRLModule(pl.LightningModule, RunView):
         """Start the rollout loop and the engine, connect the collector, and serve the current weights."""
         self.session.start(self._serve_policy(), make_collector, self.policy_version)
 
-    def detach(self) -> None:
-        """Cancel the batches launched ahead, stop the engine and the rollout loop (idempotent)."""
+    def detach(self, *, ended: bool = False) -> None:
+        """Cancel the batches launched ahead, stop the engine and the rollout loop (idempotent). ``ended``: the run
+        finished (its steps or token budget), rather than stopped (a signal, an error)."""
         if self.lookahead is not None:
-            in_flight = self.lookahead.cancel()
-            if in_flight:
-                log.info("stopped with %d batch(es) collected ahead in flight: a resume collects them again", in_flight)
+            lost = self.lookahead.cancel()
+            steps = ", ".join(str(s + 1) for s in lost.steps)
+            if lost.episodes and ended:  # data.max_generated_tokens ended the run before those steps
+                log.info("the run ended with %d episode(s) launched ahead for step(s) %s: discarded", lost.episodes,
+                         steps)
+            elif lost.episodes:
+                log.warning("%sstopped with %d episode(s) launched ahead for step(s) %s (%d in flight, %d finished): "
+                            "not in the checkpoint, a resume collects them again", self._rank_prefix, lost.episodes,
+                            steps, lost.episodes - lost.finished, lost.finished)
         self.session.stop()
+
+    @property
+    def _rank_prefix(self) -> str:
+        """``"rank R: "`` on several ranks (each says its own counts), else empty."""
+        trainer = self._trainer
+        return f"rank {trainer.global_rank}: " if trainer is not None and trainer.world_size > 1 else ""
 
     def evaluate(self, label: str) -> dict[str, float]:
         """Play the held-out tasks with the current weights, log ``eval/*`` to every logger and print a line
@@ -285,6 +303,15 @@ class AgentRLModule(pl.LightningModule, RunView):
         """The step's first collection, collected now or taken from the batch launched ahead (`Lookahead`)."""
         if self.lookahead is None:  # outside fit: collected now
             self.lookahead = Lookahead(self.session, 0, lambda step: [], 0)
+        lost = self._lost_ahead
+        if self.rl_step in lost.steps:  # the first step of a resumed run
+            world = self.trainer.world_size
+            if self.trainer.is_global_zero:
+                log.warning("resumed: re-collecting %d episode(s)%s of step(s) %s that the stopped run had launched "
+                            "ahead (%d in flight, %d finished at the checkpoint)", lost.episodes,
+                            f" on each of {world} ranks" if world > 1 else "",
+                            ", ".join(str(s + 1) for s in lost.steps), lost.episodes - lost.finished, lost.finished)
+            self._lost_ahead = LaunchedAhead([], 0, 0)
         trajs, metrics = self.lookahead.batch(self.rl_step, tasks, make, self.policy_version, bounded=bounded)
         self._batch_metrics = metrics
         self.last_trajectories = trajs
