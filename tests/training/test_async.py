@@ -195,6 +195,48 @@ def test_s1_trains_no_turn_older_than_one_version_and_generates_during_updates(
     assert _overlapping(sync) == 0
 
 
+class SlowDecodeCopySpec(HFEngineSpec):
+    """Test-only: the embedded engine on its fp32 weight copy, every decode step slowed by 0.1 s so that episodes
+    are still decoding when the trainer pushes; ``in_flight`` records, per push, the requests in flight."""
+
+    def __init__(self) -> None:
+        super().__init__(weights="copy", decode_dtype="float32")
+        self.in_flight: list[int] = []
+
+    def build(self, policy: Any) -> Any:
+        engine = super().build(policy)
+        decode, push = engine._decode_step, engine.update_weights
+
+        def slow_decode() -> None:
+            time.sleep(0.1)
+            decode()
+
+        async def counted_push(*args: Any, **kw: Any) -> None:
+            self.in_flight.append(len(engine._active) + len(engine._admitting))
+            await push(*args, **kw)
+
+        engine._decode_step, engine.update_weights = slow_decode, counted_push
+        return engine
+
+
+@pytest.mark.slow
+def test_s1_with_the_embedded_weight_copy_pushes_mid_episode_and_keeps_the_bound() -> None:
+    """The default engine (the embedded one, on its own weight copy) at s = 1: pushes land while the next step's
+    episodes are decoding (the copy is refreshed between two model steps), the turns keep the oldest version that
+    sampled them, and no trained turn is more than one version behind; some were generated during an update."""
+    pl.seed_everything(0, verbose=False)
+    engine = SlowDecodeCopySpec()
+    module = SlowedUpdateModule(Policy("tiny-random", seed=0), GRPO(group_size=2), engine=engine, peak_flops=1e11)
+    rec = Metrics()
+    fit(module, letter_data(batch_size=4, steps=4, max_staleness=1), [rec])
+    assert any(n > 0 for n in engine.in_flight), engine.in_flight  # a push came while episodes were decoding
+    lags = [version - v for version, _, turns in module.trained for v, _, _ in turns]
+    assert len(module.trained) == 4 and lags
+    assert max(lags) <= 1 and lags.count(1) > 0, lags
+    assert _overlapping(module) > 0
+    assert all(m["rollout/stale_dropped_episodes"] == 0 for m in rec.steps)
+
+
 @pytest.mark.slow
 def test_rtpo_s1_runs_trunks_ahead_and_keeps_siblings_on_policy(lora_server: tuple[Server, Path]) -> None:
     """RTPO with s = 1: the next step's trunks are collected while the depths update (trunks lag the trainer by
