@@ -54,6 +54,11 @@ class RecordingModule(AgentRLModule):
         self.collections.append((self.rl_step, trajs))
         return trajs
 
+    def collect_batch(self, tasks: list[Any], make: Any, *, bounded: bool = True) -> list[Trajectory]:
+        trajs = super().collect_batch(tasks, make, bounded=bounded)  # a step's first collection (RTPO: the trunks)
+        self.collections.append((self.rl_step, trajs))
+        return trajs
+
 
 def _train(example: str) -> tuple[RecordingModule, ScriptedEngineSpec]:
     module_ = importlib.import_module(f"agentrl_examples.{example}")

@@ -132,7 +132,7 @@ def test_recompute_follows_the_copy_dtype() -> None:
 
 
 def test_the_spec_builds_the_copy_and_names_wrong_settings() -> None:
-    engine = HFEngineSpec().build(Policy("tiny-random"))  # the default: a copy
+    engine = HFEngineSpec(weights="copy").build(Policy("tiny-random"))
     assert isinstance(engine, HFEngine) and engine.weights.holds_copy
     assert not HFEngineSpec(weights="shared").build(Policy("tiny-random")).weights.holds_copy  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="engine.weights must be 'shared' or 'copy'"):

@@ -83,6 +83,10 @@ class FixedLearner:
         coro.close()
         return self.batches.pop(0)
 
+    def collect_batch(self, tasks: list[Any], make: Any, *, bounded: bool = True) -> list[Trajectory]:
+        """A schedule's first collection of a step (`Learner.collect_batch`): the next fixed batch too."""
+        return self.collect(make(self.module.collector, tasks, self.module.rl_step))
+
 
 def fixed_schedule(base: type, batches: list[list[Trajectory]], **kw: Any) -> Any:
     class Fixed(base):  # type: ignore[misc,valid-type]

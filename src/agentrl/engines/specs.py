@@ -11,9 +11,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 
 from agentrl.engines.base import RolloutEngine
-
-WeightsMode = Literal["shared", "copy"]
-DecodeDType = Literal["auto", "float32", "bfloat16"]
+from agentrl.engines.weights import DecodeDType, WeightsMode
 
 
 @runtime_checkable
@@ -34,10 +32,12 @@ class HFEngineSpec:
             resolves to bf16). bf16 *autocast* over fp32 weights was measured slower than fp32 for decoding on the
             2-core CPU (docs/benchmarks.md: 0.94x fp32's tokens/s): a bf16 decode pays only with bf16 *weights*,
             which is what ``weights: copy`` gives.
-        weights: ``copy`` (the default) decodes with the engine's own copy of the model in ``decode_dtype``,
-            refreshed at every push (`agentrl.engines.weights`; its cost is logged as ``perf/engine_push_s``, its
-            size as ``perf/engine_weights_mib``); ``shared`` runs the trainer's own modules (no extra memory, fp32
-            rollouts from an fp32 policy: what the exactness tests and the learning benchmarks pin).
+        weights: ``copy`` decodes with the engine's own copy of the model in ``decode_dtype``, refreshed at every
+            push (`agentrl.engines.weights`; its cost is logged as ``perf/engine_push_s``, its size as
+            ``perf/engine_weights_mib``), 1.8-2.4x the fp32 decode speed on a CPU with native bf16, and needed for
+            ``data.max_staleness >= 1``; ``shared`` (the default) runs the trainer's own modules (no extra memory,
+            fp32 rollouts from an fp32 policy). ``shared`` stays the default until the copy passes the whole suite
+            as the default (the first try broke the multi-rank exactness tests and validate; docs/async.md).
         decode_dtype: With ``weights: copy`` only: the copy's dtype. ``auto`` is bf16 where the device has native
             bf16 matmuls (CPU flags ``avx512_bf16`` / ``amx_bf16``, CUDA's bf16 support) and the model is at least
             `agentrl.models.precision.MIN_WIDTH` wide, else fp32 (the policy's ``auto`` rule); an explicit
@@ -53,7 +53,7 @@ class HFEngineSpec:
     (`agentrl.training.mismatch`, which also asks `decode_dtype_for`)."""
 
     def __init__(self, max_batch_size: int = 32, prefix_cache_tokens: int = 32768, max_context: int | None = None,
-                 compute_dtype: Literal["float32", "policy"] = "float32", weights: WeightsMode = "copy",
+                 compute_dtype: Literal["float32", "policy"] = "float32", weights: WeightsMode = "shared",
                  decode_dtype: DecodeDType = "auto"):
         if compute_dtype not in ("float32", "policy"):
             raise ValueError(f"engine.compute_dtype must be 'float32' or 'policy', got {compute_dtype!r}")

@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from agentrl.engines.specs import DecodeDType, WeightsMode
 from agentrl.models.policy import backbone_of, unwrap
 from agentrl.models.precision import DtypeChoice, resolve_auto
+
+WeightsMode = Literal["shared", "copy"]
+DecodeDType = Literal["auto", "float32", "bfloat16"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -68,6 +68,11 @@ def check_async(max_staleness: int, engine_spec: Any, ppo: Any) -> None:
                          "need the truncated importance weights); leave the default truncated_is")
 
 
+def no_lookahead(step: int) -> list[Task]:
+    """The task source of a synchronous run (``max_staleness`` 0): nothing is ever asked for ahead."""
+    raise RuntimeError(f"data.max_staleness = 0 collects nothing ahead (asked for step {step}'s tasks)")
+
+
 def too_stale(trajs: Sequence[Trajectory], version: int, max_staleness: int) -> list[bool]:
     """Per episode: whether a sampled (not replayed) turn was sampled more than ``max_staleness`` versions before
     ``version``."""

@@ -21,14 +21,18 @@ A metric missing on some rank (no episodes there) counts with weight 0. On one p
 
 from __future__ import annotations
 
+import logging
 import math
 import re
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torchmetrics.aggregation import MaxMetric, MeanMetric, SumMetric
 
 from agentrl.training import distributed
+
+log = logging.getLogger(__name__)
 
 _PARTIAL = ("policy_loss", "approx_kl", "clipfrac", "entropy", "value_loss", "value_clipfrac", "kl_ref")
 _SUMMED = re.compile(
@@ -92,3 +96,20 @@ def reduce_across_ranks(metrics: dict[str, float]) -> dict[str, float]:
                     weight=torch.tensor(weight if finite else 0.0, dtype=torch.float64))
         out[name] = float(mean.compute())
     return out
+
+
+def publish_step(module: Any, metrics: dict[str, float], rl_step: int, batch_size: int) -> None:
+    """Log RL step ``rl_step``'s metrics (already reduced over the ranks) and its progress-bar values.
+
+    To the loggers directly, exactly the step's measurements: Lightning's `log_dict` re-logs every key ever logged
+    in the epoch at each later step, so a metric a step did not measure showed its old value again (at Lightning's
+    step index, the batch's: RL step k is logged at k − 1, evaluations after it at k)."""
+    for logger in module.trainer.loggers:
+        logger.log_metrics(metrics, step=rl_step - 1)
+        logger.save()  # as Lightning's logger connector does after logging (the CSV logger writes its file)
+    reward = metrics.get("rollout/reward", float("nan"))
+    module.log("reward", reward, prog_bar=True, on_step=True, batch_size=batch_size, logger=False)
+    module.log("step_s", metrics["perf/step_seconds"], prog_bar=True, on_step=True, batch_size=batch_size,
+               logger=False)
+    log.info("step %d: reward %.3f, success %.3f, %.1f s", rl_step, reward,
+             metrics.get("rollout/success", float("nan")), metrics["perf/step_seconds"])

@@ -40,13 +40,13 @@ from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
 from agentrl.runview import RunView, SavesModel, StepProgress
 from agentrl.training import distributed, evaluation, memory, sharding
-from agentrl.training.async_collect import LaunchedAhead, Lookahead, MakeBatch, check_async
+from agentrl.training.async_collect import LaunchedAhead, Lookahead, MakeBatch, check_async, no_lookahead
 from agentrl.training.batching import TurnKey, TurnTargets
 from agentrl.training.callbacks import DetachOnException
 from agentrl.training.datamodule import RolloutDataModule
-from agentrl.training.metrics import reduce_across_ranks
+from agentrl.training.metrics import publish_step, reduce_across_ranks
 from agentrl.training.mismatch import needs_old_logprobs
-from agentrl.training.perf import measure_peak_flops, step_perf_metrics, train_flops
+from agentrl.training.perf import measure_peak_flops, step_perf_metrics, update_mfu
 from agentrl.training.rowplan import RowPlan
 from agentrl.training.session import RolloutSession
 from agentrl.training.settings import CriticSettings, OptimSettings, PPOSettings
@@ -169,8 +169,10 @@ class AgentRLModule(pl.LightningModule, RunView):
     def on_fit_start(self) -> None:
         # after checkpoint restore and device placement: the engine starts at the restored policy version
         self.attach(self.data.make_collector)
-        self.lookahead = Lookahead(self.session, self.data.max_staleness, self.data.train_dataloader().tasks_for,
-                                   int(self.data.steps), self.algorithm.episodes_per_task)
+        # s = 0 never asks for a later step's tasks (and a data module may hand Lightning any iterable)
+        tasks_for = self.data.train_dataloader().tasks_for if self.data.max_staleness else no_lookahead
+        self.lookahead = Lookahead(self.session, self.data.max_staleness, tasks_for, int(self.data.steps),
+                                   self.algorithm.episodes_per_task)
         if self.peak_flops is None:
             self.peak_flops = measure_peak_flops(self.device, self.policy.compute_dtype)
         resolved = self.policy.resolved_compute_dtype
@@ -405,30 +407,13 @@ class AgentRLModule(pl.LightningModule, RunView):
         costs["engine_busy_seconds"] = self.session.activity.busy(start, end)
         metrics.update(self._batch_metrics)
         metrics.update(step_perf_metrics(costs, end - start, self.policy_version,
-                                         mfu=lambda seconds: self._mfu(costs, seconds)))
+                                         mfu=lambda seconds: update_mfu(self.policy, self.critic, costs, seconds,
+                                                                        self.peak_flops)))
         metrics = reduce_across_ranks(metrics)  # every rank's episodes and turns, not rank 0's
         self.generated_tokens += int(metrics.get("perf/generated_tokens", 0))
         metrics["perf/generated_tokens_total"] = float(self.generated_tokens)
         self.last_metrics = metrics
-        # to the loggers directly, exactly the step's measurements: Lightning's `log_dict` re-logs every key ever
-        # logged in the epoch at each later step, so a metric a step did not measure showed its old value again
-        # (at Lightning's step index, the batch's: RL step k is logged at k − 1, evaluations after it at k)
-        for logger in self.trainer.loggers:
-            logger.log_metrics(metrics, step=self.rl_step - 1)
-            logger.save()  # as Lightning's logger connector does after logging (the CSV logger writes its file)
-        reward = metrics.get("rollout/reward", float("nan"))
-        self.log("reward", reward, prog_bar=True, on_step=True, batch_size=len(tasks), logger=False)
-        self.log("step_s", metrics["perf/step_seconds"], prog_bar=True, on_step=True, batch_size=len(tasks),
-                 logger=False)
-        log.info("step %d: reward %.3f, success %.3f, %.1f s", self.rl_step, reward,
-                 metrics.get("rollout/success", float("nan")), metrics["perf/step_seconds"])
-
-    def _mfu(self, costs: dict[str, float], train_seconds: float) -> float | None:
-        """MFU of the step's update: FLOPs / seconds / peak (None without a peak)."""
-        if not self.peak_flops:
-            return None
-        flops = train_flops(self.policy, self.critic, costs["train_tokens"], costs["scored_tokens"])
-        return flops / train_seconds / self.peak_flops
+        publish_step(self, metrics, self.rl_step, len(tasks))
 
     # ------------------------------------------------------------------ the RunView (what callbacks read)
 

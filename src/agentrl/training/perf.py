@@ -43,6 +43,14 @@ def train_flops(policy: Any, critic: Any, tokens: float, scored_tokens: float) -
     return flops
 
 
+def update_mfu(policy: Any, critic: Any, costs: Mapping[str, float], train_seconds: float,
+               peak_flops: float | None) -> float | None:
+    """MFU of a step's update: its FLOPs (`train_flops`) / seconds / peak (None without a peak)."""
+    if not peak_flops:
+        return None
+    return train_flops(policy, critic, costs["train_tokens"], costs["scored_tokens"]) / train_seconds / peak_flops
+
+
 def step_perf_metrics(stats: Mapping[str, float], seconds: float, policy_version: int, *,
                       mfu: Callable[[float], float | None]) -> dict[str, float]:
     """``perf/*`` (and ``rollout/failed``) of one step from its accumulated counters."""
