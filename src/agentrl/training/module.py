@@ -354,8 +354,9 @@ class AgentRLModule(pl.LightningModule, RunView):
         """
         memory.before_update(self.session.drop_prefix_cache)
         opts = self.optimizers()
-        recompute = needs_old_logprobs(ppo, self.engine_spec, self.policy, trajectories, self.policy_version)
-        score_old = self.logprobs if recompute else None
+        # one decision for every rank: scoring is collective under sharded weights (a rank alone would hang)
+        stale = needs_old_logprobs(ppo, self.engine_spec, self.policy, trajectories, self.policy_version)
+        score_old = self.logprobs if self.sync_max(int(stale)) else None
         with self.step_progress.phase("updating"):
             out = self.ppo_update.run(trajectories, targets, ppo, plan=self.row_plan,
                                       optimizers=opts if isinstance(opts, list) else [opts],
