@@ -233,3 +233,15 @@ def test_a_copy_is_refreshed_while_a_request_is_decoding_and_the_request_keeps_i
 
     with pytest.raises(RuntimeError, match="while requests are being decoded"):
         asyncio.run(push_while_decoding())
+
+
+def test_a_copy_built_in_inference_mode_refreshes_outside_it() -> None:
+    """`agentrl validate` builds the engine inside Lightning's inference mode; a push after it (outside) must
+    refresh the copy in place (inference tensors cannot be updated in place outside inference mode)."""
+    policy = Policy("tiny-random", seed=0)
+    with torch.inference_mode():
+        engine = HFEngine(policy, weights="copy", decode_dtype="float32")
+    _optimizer_step(policy)
+    asyncio.run(engine.update_weights(policy))
+    assert all(torch.equal(a, b) for a, b in zip(policy.model.parameters(), engine.weights.model.parameters(),
+                                                 strict=True))

@@ -88,11 +88,14 @@ class WeightCopy:
         # deepcopy with the parameters swapped for detached converted tensors: the fp32 weights are never
         # duplicated in full on the way, and tied weights (SmolLM2's embeddings and LM head) stay tied; copy=True
         # because `.to` to the same dtype returns the very tensor (an fp32 "copy" would share the policy's storage)
-        memo: dict[int, Any] = {
-            id(p): nn.Parameter(p.detach().to(dtype if p.is_floating_point() else p.dtype, copy=True),
-                                requires_grad=False)
-            for p in source.parameters()}
-        self.model: Any = copy.deepcopy(source, memo)
+        # built outside inference mode (`agentrl validate` builds the engine inside Lightning's): inference tensors
+        # could not be refreshed in place by a later push ("Inplace update to inference tensor outside InferenceMode")
+        with torch.inference_mode(False):
+            memo: dict[int, Any] = {
+                id(p): nn.Parameter(p.detach().to(dtype if p.is_floating_point() else p.dtype, copy=True),
+                                    requires_grad=False)
+                for p in source.parameters()}
+            self.model: Any = copy.deepcopy(source, memo)
         self.model.eval()
         self.model.requires_grad_(False)
         self.last_refresh_s = 0.0
