@@ -138,9 +138,9 @@ def test_the_spec_builds_the_copy_and_names_wrong_settings() -> None:
     with pytest.raises(ValueError, match="engine.weights must be 'shared' or 'copy'"):
         HFEngineSpec(weights="both")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="engine.decode_dtype must be"):
-        HFEngineSpec(decode_dtype="float16")  # type: ignore[arg-type]
+        HFEngineSpec(weights="copy", decode_dtype="float16")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="engine.compute_dtype applies to weights: shared"):
-        HFEngineSpec(compute_dtype="policy")
+        HFEngineSpec(weights="copy", compute_dtype="policy")
     with pytest.raises(ValueError, match="engine.decode_dtype applies to weights: copy"):
         HFEngineSpec(weights="shared", decode_dtype="bfloat16")
 
@@ -184,11 +184,11 @@ def test_preflight_refuses_an_explicit_bf16_copy_without_native_bf16(monkeypatch
     monkeypatch.delenv(precision.ALLOW_SLOW_BF16, raising=False)
     monkeypatch.setattr(precision, "cpu_bf16_support", lambda: precision.Bf16Support(False, "CPU Y has no native bf16"))
     plan = PolicyPlan("tiny-random", False, compute_dtype="float32")
-    check_bf16(plan, "cpu", HFEngineSpec())  # auto: never refused
+    check_bf16(plan, "cpu", HFEngineSpec(weights="copy"))  # auto: never refused
     with pytest.raises(ValueError, match="model.engine.init_args.decode_dtype is bfloat16, but CPU Y"):
-        check_bf16(plan, "cpu", HFEngineSpec(decode_dtype="bfloat16"))
+        check_bf16(plan, "cpu", HFEngineSpec(weights="copy", decode_dtype="bfloat16"))
     monkeypatch.setattr(precision, "cpu_bf16_support", lambda: precision.Bf16Support(True, "CPU X has amx_bf16"))
-    check_bf16(plan, "cpu", HFEngineSpec(decode_dtype="bfloat16"))
+    check_bf16(plan, "cpu", HFEngineSpec(weights="copy", decode_dtype="bfloat16"))
 
 
 def test_a_copy_is_refreshed_while_a_request_is_decoding_and_the_request_keeps_its_oldest_version(
