@@ -200,3 +200,22 @@ def test_the_learning_rate_scales_with_the_informative_samples_of_an_update() ->
         assert module.trainer.optimizers[0].param_groups[0]["lr"] == 1e-3  # restored after the update
     assert seen[None] == ([1e-3], 3.0)
     assert seen[12][1] == 3.0 and abs(seen[12][0][0] - 1e-3 * 3 / 12) < 1e-12
+
+
+def test_each_optimizer_step_is_sized_by_the_informative_samples_behind_it() -> None:
+    """The same three informative turns split into one-row minibatches: the untied group's 1-turn trajectory and
+    its 2-turn one are two steps, at lr · 1/12 and lr · 2/12 (the tied rows take no step). Summed, the update moves
+    as far as one step on all three (lr · 3/12); sizing each step by the whole update's 3 samples would move twice
+    as far (both steps at lr · 3/12)."""
+    trajs = _tied_groups()
+    trajs[3].turns[-1].reward = 1.0  # group 1 untied: returns 0.5 and 1.0
+    batch = copy.deepcopy(trajs)
+    ppo = PPOSettings(epochs=1, minibatch_size=1, lr_reference_samples=12)
+    module = make_module(fixed_schedule(GRPO, [batch], group_size=2, ppo=ppo), optim=OptimSettings(lr=1e-3))
+    _behaviour_from_policy(module, batch)
+    log = StepLog()
+    fit(module, letter_data(batch_size=2, steps=1), callbacks=[log])
+    assert sorted(log.lrs) == pytest.approx([1e-3 * 1 / 12, 1e-3 * 2 / 12], abs=1e-12)
+    assert module.last_metrics["train/informative_samples"] == 3.0
+    assert module.last_metrics["train/lr_scale"] == pytest.approx(1.5 / 12)  # the mean over the two steps
+    assert module.trainer.optimizers[0].param_groups[0]["lr"] == 1e-3  # restored after each step

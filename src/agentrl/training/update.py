@@ -108,25 +108,23 @@ class PPOUpdate:
         self._costs["unpacked_tokens"] += unpacked
         informative = float(distributed.sum_tensor(torch.tensor([float(informative_samples(rows))],
                                                                 dtype=torch.float64), plan.device)[0])
-        lr_scale = lr_scale_for(informative, ppo.lr_reference_samples)
         gen = torch.Generator().manual_seed(derive_seed(self.seed, step, "minibatches", tag))
         size = ppo.minibatch_size or max(len(rows), 1)
         n_minibatches = 1 if ppo.minibatch_size is None else -(-most_rows // size)
         totals: dict[str, float] = defaultdict(float)
         start = time.perf_counter()
-        with scaled_lr(optimizers[0], lr_scale):
-            for epoch in range(ppo.epochs):
-                order = torch.randperm(len(rows), generator=gen).tolist()
-                for m in range(n_minibatches):
-                    self.progress.minibatch(epoch + 1, ppo.epochs, m + 1, n_minibatches)
-                    minibatch = [rows[i] for i in order[m * size : (m + 1) * size]]
-                    stats = self._minibatch(minibatch, ppo, plan, optimizers, backward, temperature)
-                    for k, v in stats.items():
-                        totals[k] += v
-                    if stats.get("train/early_stopped"):
-                        break
-                if totals.get("train/early_stopped"):
+        for epoch in range(ppo.epochs):
+            order = torch.randperm(len(rows), generator=gen).tolist()
+            for m in range(n_minibatches):
+                self.progress.minibatch(epoch + 1, ppo.epochs, m + 1, n_minibatches)
+                minibatch = [rows[i] for i in order[m * size : (m + 1) * size]]
+                stats = self._minibatch(minibatch, ppo, plan, optimizers, backward, temperature)
+                for k, v in stats.items():
+                    totals[k] += v
+                if stats.get("train/early_stopped"):
                     break
+            if totals.get("train/early_stopped"):
+                break
         self._costs["train_seconds"] += time.perf_counter() - start
         counts = ("train/optimizer_steps", "train/skipped_updates", "train/early_stopped", "train/minibatches")
         measured = max(totals.get("train/minibatches", 0.0), 1.0)  # the minibatches whose losses were computed
@@ -134,7 +132,8 @@ class PPOUpdate:
         out["train/optimizer_steps"] = totals.get("train/optimizer_steps", 0.0)
         out["train/skipped_updates"] = totals.get("train/skipped_updates", 0.0)
         out["train/informative_samples"] = informative
-        out["train/lr_scale"] = lr_scale
+        if "train/lr_scale" in totals:  # the mean factor over the optimizer steps taken (the skipped ones have none)
+            out["train/lr_scale"] = totals["train/lr_scale"] / max(totals.get("train/optimizer_steps", 0.0), 1.0)
         return out | behaviour_stats
 
     def _minibatch(self, rows: list[Row], ppo: PPOSettings, plan: RowPlan, opts: list[Any],
@@ -165,7 +164,14 @@ class PPOUpdate:
                 for opt in opts:
                     opt.zero_grad(set_to_none=True)
                 return {"train/early_stopped": 1.0}
-        return self._step_optimizers(opts, stats, plan, policy_signal, counts.value_units > 0)
+        # the step sized by the evidence behind it: this minibatch's informative samples (over every rank), so an
+        # update split into minibatches moves the weights as far in all as one step on all its samples would
+        lr_scale = lr_scale_for(counts.informative, ppo.lr_reference_samples)
+        with scaled_lr(opts[0], lr_scale):
+            out = self._step_optimizers(opts, stats, plan, policy_signal, counts.value_units > 0)
+        if out.get("train/optimizer_steps"):
+            out["train/lr_scale"] = lr_scale
+        return out
 
     def _step_optimizers(self, opts: list[Any], stats: dict[str, float], plan: RowPlan, policy_signal: bool,
                          value_signal: bool) -> dict[str, float]:
