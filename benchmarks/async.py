@@ -22,12 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +32,7 @@ from typing import Any
 import httpx
 import lightning.pytorch as pl
 import torch
+from serve_process import start_serve
 
 from agentrl.agents.env_agent import EnvAgent
 from agentrl.engines.base import SamplingParams
@@ -75,31 +72,6 @@ class CountingModule(AgentRLModule):
 def schedule(name: str, epochs: int) -> Schedule:
     ppo = PPOSettings(epochs=epochs)
     return GRPO(group_size=4, ppo=ppo) if name == "grpo" else RTPO(group_size=3, ppo=ppo)
-
-
-def start_server(model: str, root: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """``agentrl serve`` on a free port of 127.0.0.1 with the LoRA shape above and one thread; waits for /health."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "agentrl.cli", "serve", "--model", model, "--port", str(port), "--lora-rank",
-           str(LORA.r), "--lora-alpha", str(LORA.alpha), "--lora-target-modules", *LORA.target_modules,
-           "--lora-modules-root", str(root), "--log-level", "warning"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.Popen(cmd, stdout=(root / "serve.log").open("wb"), stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"agentrl serve exited: {(root / 'serve.log').read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    proc.kill()
-    raise RuntimeError("agentrl serve did not become healthy in 600 s")
 
 
 def unload_adapters(url: str) -> None:
@@ -176,7 +148,7 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        server, url = start_server(args.model, root)
+        server, url = start_serve(args.model, root, LORA, threads=1)
         try:
             for seed in args.seeds:
                 for name in args.schedules:

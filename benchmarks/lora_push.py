@@ -17,19 +17,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import platform
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
+from serve_process import start_serve
 
 from agentrl.engines import vllm
 from agentrl.engines.base import SamplingParams
@@ -39,30 +35,6 @@ from agentrl.models.precision import cpu_identity
 
 MODEL = "smollm2-135m-instruct"
 LORA = LoRASettings(r=8, alpha=16, target_modules=["q_proj", "v_proj"])
-
-
-def start_server(root: Path) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "agentrl.cli", "serve", "--model", MODEL, "--port", str(port), "--lora-rank",
-           str(LORA.r), "--lora-alpha", str(LORA.alpha), "--lora-target-modules", *LORA.target_modules,
-           "--lora-modules-root", str(root), "--log-level", "warning"]
-    log = (root / "serve.log").open("wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"agentrl serve exited: {(root / 'serve.log').read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.terminate()
-    raise RuntimeError("agentrl serve did not become healthy in 300 s")
 
 
 def perturb(policy: Policy, step: int) -> None:
@@ -125,7 +97,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        proc, url = start_server(root)
+        proc, url = start_serve(MODEL, root, LORA, timeout=300)
         try:
             policy = Policy(MODEL, lora=LORA)
             rows = asyncio.run(pushes(policy, url, root, args.pushes))

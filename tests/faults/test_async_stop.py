@@ -8,14 +8,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.support.fit_runs import fit_until, logged_steps, mlflow_runs
 from tests.support.server import LORA_ARGS, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,35 +23,12 @@ ENV = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", AGE
 
 def _fit(cwd: Path, args: list[str], stop_at: str | None, timeout: int = 300) -> tuple[int, str]:
     """``agentrl fit``; SIGTERM when a line starts with ``stop_at``; (returncode, output)."""
-    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "fit", "--config", CONFIG, *args], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
-    assert proc.stdout is not None
-    lines: list[str] = []
-    if stop_at is not None:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith(stop_at):  # the progress line of that step: the next step's batch is launched
-                proc.send_signal(signal.SIGTERM)
-                break
-    try:
-        rest = proc.communicate(timeout=timeout)[0]
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        rest = proc.communicate()[0]
-        pytest.fail(f"agentrl fit did not finish within {timeout} s:\n{''.join(lines)[-2000:]}{rest[-2000:]}")
-    return proc.returncode, "".join(lines) + rest
+    return fit_until(CONFIG, cwd, args, ENV, marker=stop_at, on_marker=lambda p: p.send_signal(signal.SIGTERM),
+                     timeout=timeout)
 
 
-def _runs(db: Path) -> list[tuple[str, str]]:
-    with sqlite3.connect(db) as con:
-        return con.execute("SELECT run_uuid, status FROM runs ORDER BY start_time").fetchall()
-
-
-def _logged_steps(db: Path, key: str) -> list[int]:
-    """Every logged row's step (a step logged twice appears twice). train/* is absent at steps whose update
-    had no signal (all GRPO advantages zero), so the tests read the rollout/perf metrics every step logs."""
-    with sqlite3.connect(db) as con:
-        return [int(s) for (s,) in con.execute("SELECT step FROM metrics WHERE key = ? ORDER BY step", (key,))]
+# train/* is absent at steps whose update had no signal (all GRPO advantages zero), so the test reads the
+# rollout/perf metrics every step logs
 
 
 @pytest.mark.slow
@@ -77,18 +52,18 @@ def test_sigterm_with_episodes_in_flight_resumes_without_losing_a_step(tmp_path:
         assert state["rl_step"] == k
         assert state["launched_ahead"]["steps"] == [k] and state["launched_ahead"]["episodes"] == 4
         db = tmp_path / "mlflow.db"
-        ((run_id, status),) = _runs(db)
+        ((run_id, status),) = mlflow_runs(db)
         assert status == "KILLED"
-        assert _logged_steps(db, "rollout/reward") == list(range(k))
+        assert logged_steps(db, "rollout/reward") == list(range(k))
 
         rc, out = _fit(tmp_path, [*urls, "--ckpt_path", "last"], stop_at=None)
         assert rc == 0, out[-3000:]
         for key in ("rollout/reward", "perf/generated_tokens", "perf/step_seconds", "rollout/staleness_max"):
-            assert _logged_steps(db, key) == [0, 1, 2, 3, 4], key  # no gap, no duplicate
+            assert logged_steps(db, key) == [0, 1, 2, 3, 4], key  # no gap, no duplicate
         assert f"resumed at step {k}" in out
         assert f"resumed: re-collecting 4 episode(s) of step(s) {k + 1} that the stopped run had launched ahead" \
             in out, out[-3000:]
-        assert _runs(db) == [(run_id, "FINISHED")]
+        assert mlflow_runs(db) == [(run_id, "FINISHED")]
         assert torch.load(tmp_path / "checkpoints/smoke/last.ckpt", weights_only=True)["agentrl"]["rl_step"] == 5
     finally:
         server.stop()

@@ -15,13 +15,12 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.support.fit_runs import fit_until, logged_steps, mlflow_runs
 from tests.support.mlflow_server import start_mlflow_server
 from tests.support.processes import free_port
 
@@ -30,37 +29,13 @@ CONFIG = str(ROOT / "configs/smoke/turn_ppo.yaml")
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
 
 
-def _runs(db: Path) -> list[tuple[str, str]]:
-    with sqlite3.connect(db) as con:
-        return con.execute("SELECT run_uuid, status FROM runs ORDER BY start_time").fetchall()
+def _fit_until(cwd: Path, marker: str | None, args: list[str], on_marker: object, timeout: int) -> tuple[int, str]:
+    return fit_until(CONFIG, cwd, args, ENV, marker=marker, on_marker=on_marker,  # type: ignore[arg-type]
+                     timeout=timeout)
 
 
 def _steps(db: Path, run_id: str, key: str = "rollout/reward") -> list[int]:
-    with sqlite3.connect(db) as con:
-        rows = con.execute("SELECT step FROM metrics WHERE run_uuid = ? AND key = ? ORDER BY step",
-                           (run_id, key)).fetchall()
-    return [int(s) for (s,) in rows]
-
-
-def _fit_until(cwd: Path, marker: str | None, args: list[str], on_marker: object, timeout: int) -> tuple[int, str]:
-    """Run ``agentrl fit``; call ``on_marker(proc)`` when a line contains ``marker``; (returncode, output)."""
-    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "fit", "--config", CONFIG, *args], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
-    assert proc.stdout is not None
-    lines: list[str] = []
-    if marker is not None:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith(marker):  # the progress line of that step
-                on_marker(proc)  # type: ignore[operator]
-                break
-    try:
-        rest = proc.communicate(timeout=timeout)[0]
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        rest = proc.communicate()[0]
-        pytest.fail(f"agentrl fit did not finish within {timeout} s:\n{''.join(lines)[-2000:]}{rest[-2000:]}")
-    return proc.returncode, "".join(lines) + rest
+    return logged_steps(db, key, run_id)
 
 
 @pytest.mark.slow
@@ -69,14 +44,14 @@ def test_sigterm_stop_and_resume_are_one_mlflow_run(tmp_path: Path) -> None:
     rc, out = _fit_until(tmp_path, "step 2/", steps, lambda p: p.send_signal(signal.SIGTERM), timeout=180)
     assert rc == 0, out[-3000:]
     db = tmp_path / "mlflow.db"
-    ((run_id, status),) = _runs(db)
+    ((run_id, status),) = mlflow_runs(db)
     assert status == "KILLED", status  # stopped on request after a checkpoint: resumable, not a failure
     stopped = _steps(db, run_id)
     assert stopped and stopped == list(range(len(stopped))) and len(stopped) < 4
 
     rc, out = _fit_until(tmp_path, None, [*steps, "--ckpt_path", "last"], None, timeout=180)
     assert rc == 0, out[-3000:]
-    assert _runs(db) == [(run_id, "FINISHED")]
+    assert mlflow_runs(db) == [(run_id, "FINISHED")]
     assert _steps(db, run_id) == [0, 1, 2, 3]
     assert _steps(db, run_id, "train/policy_loss") == [0, 1, 2, 3]
 
@@ -85,7 +60,7 @@ def _assert_fell_back(cwd: Path, out: str, steps: list[int]) -> None:
     assert "logging to the local store" in out and "training continues" in out, out[-3000:]
     assert "Traceback" not in out, out[-5000:]
     fallback = cwd / "mlflow-fallback.db"
-    ((run_id, status),) = _runs(fallback)
+    ((run_id, status),) = mlflow_runs(fallback)
     assert status == "FINISHED"
     assert _steps(fallback, run_id) == steps
     with sqlite3.connect(fallback) as con:
@@ -129,7 +104,7 @@ def test_a_store_that_dies_mid_run_falls_back_locally(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert rc == 0, out[-3000:]
-    ((run_id, _),) = _runs(tmp_path / "server.db")
+    ((run_id, _),) = mlflow_runs(tmp_path / "server.db")
     before = _steps(tmp_path / "server.db", run_id)
     assert before in ([], [0]), before  # logged before the server went away
     _assert_fell_back(tmp_path, out, [1, 2] if before == [0] else [0, 1, 2])

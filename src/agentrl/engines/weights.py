@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from agentrl.models.policy import backbone_of, unwrap
+from agentrl.models.policy import backbone_of, lm_head_of
 from agentrl.models.precision import DtypeChoice, resolve_auto
 
 WeightsMode = Literal["shared", "copy"]
@@ -106,9 +106,7 @@ class WeightCopy:
 
     @property
     def lm_head(self) -> Any:
-        head = unwrap(self.model).get_output_embeddings()
-        assert head is not None
-        return head
+        return lm_head_of(self.model)
 
     @property
     def nbytes(self) -> int:

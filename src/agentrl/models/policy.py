@@ -80,6 +80,13 @@ def backbone_of(model: Any) -> Any:
     return getattr(inner, inner.base_model_prefix)
 
 
+def lm_head_of(model: Any) -> Any:
+    """The output embeddings (LM head) of a causal LM, through a peft wrapper."""
+    head = unwrap(model).get_output_embeddings()
+    assert head is not None
+    return head
+
+
 class Policy(nn.Module):
     """A causal LM policy.
 
@@ -141,9 +148,7 @@ class Policy(nn.Module):
 
     @property
     def lm_head(self) -> Any:
-        head = unwrap(self.model).get_output_embeddings()
-        assert head is not None
-        return head
+        return lm_head_of(self.model)
 
     @property
     def hidden_size(self) -> int:
