@@ -97,10 +97,11 @@ class PPOSettings:
         target_kl: Stop the update (remaining minibatches and epochs) at the first minibatch whose approx_kl
             (current weights against π_old, over every rank) exceeds this, before its step; null never stops. The
             first minibatch of an update starts at ratio 1, so at least one step is always taken.
-        lr_reference_samples: Scale the policy's learning rate for an update by ``min(1, n / this)``, n the
-            update's informative samples (distinct trained turns whose advantage does not cancel, over every rank):
-            the linear scaling rule below a reference batch, so an update resting on 3 samples moves the weights
-            less than one resting on 16. Null: no scaling.
+        lr_reference_samples: Scale the policy's learning rate for each optimizer step by ``min(1, n / this)``, n
+            the informative samples of that step's minibatch (distinct trained turns whose advantage does not
+            cancel, over every rank): the linear scaling rule below a reference batch, so a step resting on 3
+            samples moves the weights 3/16 as far as one resting on 16, however the update is split into
+            minibatches. Null: no scaling.
     """
 
     clip_low: float = 0.2
