@@ -45,7 +45,17 @@ from typing import Any
 
 import torch
 import yaml
-from learning_sweep import DEFAULT_LRS, NO_EVAL, SWEEP_SEEDS, chosen_lr, lr_name, report_sweep, sweep_dir
+from learning_sweep import (
+    DEFAULT_LRS,
+    NO_EVAL,
+    SCHEDULE_LRS,
+    SWEEP_SEEDS,
+    chosen_lr,
+    lr_name,
+    report_sweep,
+    sweep_dir,
+    sweep_lrs,
+)
 
 from agentrl.models.precision import cpu_identity
 
@@ -289,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"run seeds (default 0 1 2; with --lrs the sweep seeds {' '.join(map(str, SWEEP_SEEDS))})")
     p.add_argument("--lrs", nargs="*", type=float, default=None,
                    help="sweep these policy learning rates (the protocol of benchmarks/learning_sweep.py; no held-out "
-                        f"games); --lrs alone sweeps {' '.join(f'{x:g}' for x in DEFAULT_LRS)}")
+                        f"games); --lrs alone sweeps {' '.join(f'{x:g}' for x in DEFAULT_LRS)} ("
+                        + "; ".join(f"{k} {' '.join(f'{x:g}' for x in v)}" for k, v in SCHEDULE_LRS.items()) + ")")
     p.add_argument("--lr-from-sweep", action="store_true",
                    help="run each schedule at the learning rate its sweep chose (<out>/sweep/<env>/chosen.json)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
@@ -303,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
                    "-- --model.policy.init_args.model tiny-random")
     args = p.parse_args(argv)
     sweeping = args.lrs is not None
-    lrs = list(args.lrs or DEFAULT_LRS) if sweeping else [None]
+    grids: dict[str, list[float | None]] = {s: list(sweep_lrs(s, args.lrs)) if sweeping else [None]
+                                            for s in args.schedules}
     if args.seeds is None:
         args.seeds = list(SWEEP_SEEDS) if sweeping else [0, 1, 2]
     if sweeping and args.lr_from_sweep:
@@ -316,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     args.scratch = args.scratch.resolve()
     failed = 0
     if not args.report:
-        todo = [(e, s, k, lr) for e in args.env for k in args.seeds for lr in lrs for s in args.schedules]
+        todo = [(e, s, k, lr) for e in args.env for k in args.seeds for s in args.schedules for lr in grids[s]]
         ran = 0
         for env, schedule, seed, swept in todo:
             lr = chosen_lr(args.out, env_setting(env)[0], schedule) if args.lr_from_sweep else swept
@@ -333,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     for env in args.env:
         if sweeping:
             budget = int(config_value(env, args.schedules[0], "data", "max_generated_tokens"))
-            report_sweep(args.out, env, args.schedules, [x for x in lrs if x is not None], args.seeds, budget)
+            report_sweep(args.out, env, args.schedules, {s: [x for x in g if x is not None] for s, g in grids.items()},
+                         args.seeds, budget)
         else:
             report(args.out, env, args.schedules, args.seeds, TARGETS.get(env_setting(env)[0], 0.5))
     return 1 if failed else 0

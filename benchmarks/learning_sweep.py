@@ -4,8 +4,9 @@ training rollouts, never on the held-out games the benchmark reports.
 Protocol (issue 26; docs/benchmarks.md "Learning-rate protocol"):
 
 * For each environment and schedule, the policy learning rate is swept over ``--lrs`` (by default 5e-6, 1e-5,
-  2e-5) on the *sweep seeds* (by default seed 10, never one of the reported cells' seeds 0-2). The critic's
-  learning rate stays at the environment config's value (5e-5): the sweep is over the policy's step only.
+  2e-5; RTPO 1e-5, 2e-5, 4e-5, see `SCHEDULE_LRS`) on the *sweep seeds* (by default seed 10, never one of the
+  reported cells' seeds 0-2). The critic's learning rate stays at the environment config's value (5e-5): the
+  sweep is over the policy's step only.
 * A sweep cell is an ordinary cell of `benchmarks/learning.py` at that learning rate, to the same generated-token
   budget, with the held-out evaluation switched off (``data.eval_episodes 0``): the held-out games are not looked
   at while choosing.
@@ -24,10 +25,22 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 DEFAULT_LRS = (5.0e-6, 1.0e-5, 2.0e-5)
+SCHEDULE_LRS = {"rtpo": (1.0e-5, 2.0e-5, 4.0e-5)}
+"""Grids other than the default, with the reason. RTPO: its config sizes each optimizer step by the informative
+samples behind it (``ppo.lr_reference_samples: 16``); since that factor is taken per minibatch (2026-12-02; it was
+the whole update's, so each of a depth's two minibatches moved the weights as far as the whole update should), an
+RTPO step at lr x moves the weights as far as one at x/2 did before, so its grid is the default one doubled: the
+same steps in weight space, not a wider search."""
+
+
+def sweep_lrs(schedule: str, given: Sequence[float] | None = None) -> tuple[float, ...]:
+    """The learning rates swept for ``schedule``: ``given`` (``--lrs`` with values), else its grid."""
+    return tuple(given) if given else SCHEDULE_LRS.get(schedule, DEFAULT_LRS)
 SWEEP_SEEDS = (10,)
 NO_EVAL = {"eval_episodes": 0, "eval_every_tokens": 0, "eval_every": 0, "eval_greedy": False}
 
@@ -54,9 +67,13 @@ def choose(scores: dict[float, float]) -> float:
     return min(lr for lr, s in scores.items() if s >= best - 1e-9)
 
 
-def report_sweep(out: Path, env: str, schedules: list[str], lrs: list[float], seeds: list[int],
-                 budget: int) -> dict[str, Any]:
-    """Score the finished sweep cells, choose a learning rate per schedule, write chosen.json and sweep.md."""
+def report_sweep(out: Path, env: str, schedules: list[str], grids: Sequence[float] | Mapping[str, Sequence[float]],
+                 seeds: list[int], budget: int) -> dict[str, Any]:
+    """Score the finished sweep cells, choose a learning rate per schedule, write chosen.json and sweep.md.
+    ``grids``: the learning rates swept, one list for every schedule or a list per schedule (a schedule's choice
+    needs every cell of its own grid; the table's columns are all the grids' rates)."""
+    grid = {s: list(grids[s] if isinstance(grids, Mapping) else grids) for s in schedules}
+    lrs = sorted({lr for g in grid.values() for lr in g})
     chosen: dict[str, Any] = {}
     lines = [f"# Learning-rate sweep: {env} (policy lr; score = mean training-rollout success over the steps past "
              f"{budget // 2} of {budget} tokens; seeds {', '.join(map(str, seeds))}; held-out games not played)", "",
@@ -64,14 +81,14 @@ def report_sweep(out: Path, env: str, schedules: list[str], lrs: list[float], se
              "|---|" + "---|" * (len(lrs) + 1)]
     for schedule in schedules:
         per_lr: dict[float, list[float]] = {}
-        for lr in lrs:
+        for lr in grid[schedule]:
             for seed in seeds:
                 f = sweep_dir(out, env, schedule, lr, seed) / "summary.json"
                 if f.exists():
                     per_lr.setdefault(lr, []).append(cell_score(json.loads(f.read_text()), budget))
         complete = {lr: statistics.fmean(v) for lr, v in per_lr.items() if len(v) == len(seeds)}
         cells = " | ".join(f"{complete[lr]:.3f}" if lr in complete else "—" for lr in lrs)
-        if len(complete) == len(lrs):
+        if len(complete) == len(grid[schedule]):
             lr = choose(complete)
             chosen[schedule] = {"lr": lr, "scores": {lr_name(k): v for k, v in complete.items()}, "seeds": seeds}
             lines.append(f"| {schedule} | {cells} | {lr:g} |")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from learning_sweep import cell_score, choose, chosen_lr, report_sweep, sweep_dir
+from learning_sweep import cell_score, choose, chosen_lr, report_sweep, sweep_dir, sweep_lrs
 
 
 def _summary(successes: list[float], tokens: list[int]) -> dict:
@@ -50,3 +50,21 @@ def test_report_chooses_per_schedule_from_finished_cells_only(tmp_path: Path) ->
     assert "(sweep unfinished)" in (tmp_path / "sweep" / "guess" / "sweep.md").read_text()
     with pytest.raises(SystemExit, match="no learning rate chosen for guess/turn_ppo"):
         chosen_lr(tmp_path, "guess", "turn_ppo")
+
+
+def test_a_schedule_is_chosen_on_its_own_grid(tmp_path: Path) -> None:
+    """RTPO's grid is the default one doubled (`SCHEDULE_LRS`): its choice needs its three cells, not the default
+    grid's; the table's columns are the union, '—' where a schedule has no cell."""
+    assert sweep_lrs("rtpo") == (1e-5, 2e-5, 4e-5) and sweep_lrs("grpo") == (5e-6, 1e-5, 2e-5)
+    assert sweep_lrs("rtpo", [3e-5]) == (3e-5,)  # --lrs with values: those, for every schedule
+    for schedule in ("rtpo", "grpo"):
+        for lr, success in zip(sweep_lrs(schedule), (0.2, 0.9, 0.4), strict=True):
+            folder = sweep_dir(tmp_path, "guess", schedule, lr, 10)
+            folder.mkdir(parents=True)
+            (folder / "summary.json").write_text(json.dumps(_summary([success], [4000])))
+    chosen = report_sweep(tmp_path, "guess", ["rtpo", "grpo"], {s: sweep_lrs(s) for s in ("rtpo", "grpo")}, [10],
+                          budget=4000)
+    assert chosen["rtpo"]["lr"] == 2e-5 and chosen["grpo"]["lr"] == 1e-5
+    table = (tmp_path / "sweep" / "guess" / "sweep.md").read_text()
+    assert "| lr5e-06 | lr1e-05 | lr2e-05 | lr4e-05 |" in table
+    assert "| rtpo | — | 0.200 | 0.900 | 0.400 | 2e-05 |" in table
