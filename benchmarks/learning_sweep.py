@@ -12,8 +12,14 @@ Protocol (issue 26; docs/benchmarks.md "Learning-rate protocol"):
   at while choosing.
 * Score of a cell: the mean training-rollout success (``rollout/success``) over the steps in the second half of
   the token budget (tokens sampled > budget / 2) — where a learning rate has had time to help or to hurt. Score of
-  a learning rate: the mean over the sweep seeds. The chosen learning rate is the best score; a tie (within 1e-9)
-  goes to the smaller learning rate.
+  a learning rate: the mean over the sweep seeds, with its standard error over those late steps (all seeds'
+  pooled: the sample standard deviation over the square root of their number).
+* The choice: the **smallest learning rate whose score is within one standard error of the best score** (the
+  one-standard-error rule of model selection; a tie within 1e-9 counts as within). Adopted on 2026-12-02 from the
+  sweep's own resolution: a FrozenLake score rests on 4-6 late steps of 4 episodes (standard error 0.08-0.13), so
+  RTPO's 0.792 at 4e-5 against 0.750 at 2e-5 is not a difference the sweep can see, and "the best score" picked
+  the larger, riskier step on noise. Where the scores are resolved (GRPO: 0.986 ± 0.014 against 0.970 and 0.941)
+  the rule picks the best, as before.
 * The reported cells (`learning.py --lr-from-sweep`) then run at the chosen learning rate, which each cell's
   ``summary.json`` records.
 
@@ -53,18 +59,30 @@ def sweep_dir(out: Path, env: str, schedule: str, lr: float, seed: int) -> Path:
     return out / "sweep" / env / schedule / lr_name(lr) / f"seed{seed}"
 
 
-def cell_score(summary: dict[str, Any], budget: int) -> float:
-    """Mean training-rollout success over the steps that ended past half the token budget."""
+def late_successes(summary: dict[str, Any], budget: int) -> list[float]:
+    """Training-rollout success of the steps that ended past half the token budget."""
     late = [s["success"] for s in summary["train"] if s["tokens"] > budget / 2 and s["success"] is not None]
     if not late:  # a run whose first step already passed half the budget: its last step
         late = [summary["train"][-1]["success"] or 0.0]
-    return statistics.fmean(late)
+    return late
 
 
-def choose(scores: dict[float, float]) -> float:
-    """The learning rate with the best score; ties to the smaller one."""
-    best = max(scores.values())
-    return min(lr for lr, s in scores.items() if s >= best - 1e-9)
+def cell_score(summary: dict[str, Any], budget: int) -> float:
+    """Mean training-rollout success over the steps that ended past half the token budget."""
+    return statistics.fmean(late_successes(summary, budget))
+
+
+def standard_error(values: list[float]) -> float:
+    """Sample standard deviation over sqrt(n); 0 for fewer than two values (nothing to say it is uncertain)."""
+    return statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+
+
+def choose(scores: dict[float, float], errors: dict[float, float] | None = None) -> float:
+    """The smallest learning rate whose score is within one standard error (``errors``, of the best score's
+    learning rate; none given: 0) of the best score; exact ties go to the smaller rate too."""
+    best_lr = max(scores, key=lambda lr: (scores[lr], -lr))
+    bar = scores[best_lr] - (errors or {}).get(best_lr, 0.0) - 1e-9
+    return min(lr for lr, s in scores.items() if s >= bar)
 
 
 def report_sweep(out: Path, env: str, schedules: list[str], grids: Sequence[float] | Mapping[str, Sequence[float]],
@@ -76,21 +94,29 @@ def report_sweep(out: Path, env: str, schedules: list[str], grids: Sequence[floa
     lrs = sorted({lr for g in grid.values() for lr in g})
     chosen: dict[str, Any] = {}
     lines = [f"# Learning-rate sweep: {env} (policy lr; score = mean training-rollout success over the steps past "
-             f"{budget // 2} of {budget} tokens; seeds {', '.join(map(str, seeds))}; held-out games not played)", "",
+             f"{budget // 2} of {budget} tokens ± its standard error over those steps; "
+             f"seeds {', '.join(map(str, seeds))}; "
+             "chosen: the smallest lr within one standard error of the best; held-out games not played)", "",
              "| schedule | " + " | ".join(lr_name(lr) for lr in lrs) + " | chosen |",
              "|---|" + "---|" * (len(lrs) + 1)]
     for schedule in schedules:
         per_lr: dict[float, list[float]] = {}
+        late: dict[float, list[float]] = {}
         for lr in grid[schedule]:
             for seed in seeds:
                 f = sweep_dir(out, env, schedule, lr, seed) / "summary.json"
                 if f.exists():
-                    per_lr.setdefault(lr, []).append(cell_score(json.loads(f.read_text()), budget))
+                    summary = json.loads(f.read_text())
+                    per_lr.setdefault(lr, []).append(cell_score(summary, budget))
+                    late.setdefault(lr, []).extend(late_successes(summary, budget))
         complete = {lr: statistics.fmean(v) for lr, v in per_lr.items() if len(v) == len(seeds)}
-        cells = " | ".join(f"{complete[lr]:.3f}" if lr in complete else "—" for lr in lrs)
+        errors = {lr: standard_error(late[lr]) for lr in complete}
+        cells = " | ".join(f"{complete[lr]:.3f} ± {errors[lr]:.3f}" if lr in complete else "—" for lr in lrs)
         if len(complete) == len(grid[schedule]):
-            lr = choose(complete)
-            chosen[schedule] = {"lr": lr, "scores": {lr_name(k): v for k, v in complete.items()}, "seeds": seeds}
+            lr = choose(complete, errors)
+            chosen[schedule] = {"lr": lr, "scores": {lr_name(k): v for k, v in complete.items()},
+                                "standard_errors": {lr_name(k): v for k, v in errors.items()}, "seeds": seeds,
+                                "rule": "smallest lr within one standard error of the best score"}
             lines.append(f"| {schedule} | {cells} | {lr:g} |")
         else:
             lines.append(f"| {schedule} | {cells} | (sweep unfinished) |")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from learning_sweep import cell_score, choose, chosen_lr, report_sweep, sweep_dir, sweep_lrs
+from learning_sweep import cell_score, choose, chosen_lr, report_sweep, standard_error, sweep_dir, sweep_lrs
 
 
 def _summary(successes: list[float], tokens: list[int]) -> dict:
@@ -28,6 +29,17 @@ def test_the_best_score_wins_and_a_tie_goes_to_the_smaller_rate() -> None:
     assert choose({5e-6: 0.2, 1e-5: 0.6, 2e-5: 0.4}) == 1e-5
     assert choose({5e-6: 0.5, 1e-5: 0.5, 2e-5: 0.1}) == 5e-6
     assert choose({2e-5: 0.5, 5e-6: 0.5}) == 5e-6
+
+
+def test_the_smallest_rate_within_one_standard_error_of_the_best_wins() -> None:
+    """The FrozenLake RTPO sweep of 2026-12-02: 0.750 at 2e-5 is within 0.792 - 0.077 of 4e-5's score, so 2e-5;
+    GRPO's resolved scores keep their best (0.941 is not within 0.986 - 0.014)."""
+    scores, errors = {1e-5: 0.438, 2e-5: 0.750, 4e-5: 0.792}, {1e-5: 0.12, 2e-5: 0.129, 4e-5: 0.077}
+    assert choose(scores, errors) == 2e-5
+    assert choose(scores) == 4e-5  # the best score alone
+    assert choose({5e-6: 0.941, 1e-5: 0.986, 2e-5: 0.970}, {5e-6: 0.02, 1e-5: 0.014, 2e-5: 0.015}) == 1e-5
+    late = [0.5, 0.75, 0.75, 1.0, 0.75, 1.0]  # the 4e-5 cell's late steps
+    assert standard_error(late) == pytest.approx(statistics.stdev(late) / 6**0.5) and standard_error([1.0]) == 0.0
 
 
 def test_report_chooses_per_schedule_from_finished_cells_only(tmp_path: Path) -> None:
@@ -67,4 +79,4 @@ def test_a_schedule_is_chosen_on_its_own_grid(tmp_path: Path) -> None:
     assert chosen["rtpo"]["lr"] == 2e-5 and chosen["grpo"]["lr"] == 1e-5
     table = (tmp_path / "sweep" / "guess" / "sweep.md").read_text()
     assert "| lr5e-06 | lr1e-05 | lr2e-05 | lr4e-05 |" in table
-    assert "| rtpo | — | 0.200 | 0.900 | 0.400 | 2e-05 |" in table
+    assert "| rtpo | — | 0.200 ± 0.000 | 0.900 ± 0.000 | 0.400 ± 0.000 | 2e-05 |" in table
