@@ -30,10 +30,8 @@ def moves(db: str, run_name: str) -> dict[str, dict[tuple[int, int], collections
         label = tags.get("agentrl.eval")
         if label is None or "greedy" in label:
             continue
-        trace = con.execute("select trace_id from spans where json_extract(content, "
-                            "'$.attributes.\"mlflow.traceRequestId\"') = ? limit 1", (json.dumps(i),)).fetchone()[0]
         replies = {}
-        for name, content in con.execute("select name, content from spans where trace_id=?", (trace,)):
+        for name, content in con.execute("select name, content from spans where trace_id=?", (i,)):
             if name.startswith("turn"):
                 o = json.loads(json.loads(content)["attributes"].get("mlflow.spanOutputs", "null"))
                 replies[int(name.split()[1])] = (o["choices"][0]["message"]["content"].strip().lower()

@@ -43,12 +43,13 @@ the whole update's, so each of a depth's two minibatches moved the weights as fa
 RTPO step at lr x moves the weights as far as one at x/2 did before, so its grid is the default one doubled: the
 same steps in weight space, not a wider search."""
 
+SWEEP_SEEDS = (10,)
+NO_EVAL = {"eval_episodes": 0, "eval_every_tokens": 0, "eval_every": 0, "eval_greedy": False}
+
 
 def sweep_lrs(schedule: str, given: Sequence[float] | None = None) -> tuple[float, ...]:
     """The learning rates swept for ``schedule``: ``given`` (``--lrs`` with values), else its grid."""
     return tuple(given) if given else SCHEDULE_LRS.get(schedule, DEFAULT_LRS)
-SWEEP_SEEDS = (10,)
-NO_EVAL = {"eval_episodes": 0, "eval_every_tokens": 0, "eval_every": 0, "eval_greedy": False}
 
 
 def lr_name(lr: float) -> str:
@@ -85,13 +86,12 @@ def choose(scores: dict[float, float], errors: dict[float, float] | None = None)
     return min(lr for lr, s in scores.items() if s >= bar)
 
 
-def report_sweep(out: Path, env: str, schedules: list[str], grids: Sequence[float] | Mapping[str, Sequence[float]],
-                 seeds: list[int], budget: int) -> dict[str, Any]:
+def report_sweep(out: Path, env: str, schedules: list[str], grid: Mapping[str, Sequence[float]], seeds: list[int],
+                 budget: int) -> dict[str, Any]:
     """Score the finished sweep cells, choose a learning rate per schedule, write chosen.json and sweep.md.
-    ``grids``: the learning rates swept, one list for every schedule or a list per schedule (a schedule's choice
-    needs every cell of its own grid; the table's columns are all the grids' rates)."""
-    grid = {s: list(grids[s] if isinstance(grids, Mapping) else grids) for s in schedules}
-    lrs = sorted({lr for g in grid.values() for lr in g})
+    ``grid``: each schedule's swept learning rates (its choice needs every cell of its own grid; the table's
+    columns are all the grids' rates)."""
+    lrs = sorted({lr for s in schedules for lr in grid[s]})
     chosen: dict[str, Any] = {}
     lines = [f"# Learning-rate sweep: {env} (policy lr; score = mean training-rollout success over the steps past "
              f"{budget // 2} of {budget} tokens ± its standard error over those steps; "

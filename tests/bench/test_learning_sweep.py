@@ -54,7 +54,8 @@ def test_report_chooses_per_schedule_from_finished_cells_only(tmp_path: Path) ->
     folder = sweep_dir(tmp_path, "guess", "turn_ppo", 5e-6, 10)  # one cell of four: no choice yet
     folder.mkdir(parents=True)
     (folder / "summary.json").write_text(json.dumps(_summary([1.0], [4000])))
-    chosen = report_sweep(tmp_path, "guess", ["grpo", "rtpo", "turn_ppo"], lrs, seeds, budget=4000)
+    schedules = ["grpo", "rtpo", "turn_ppo"]
+    chosen = report_sweep(tmp_path, "guess", schedules, dict.fromkeys(schedules, lrs), seeds, budget=4000)
     assert chosen["grpo"]["lr"] == 2e-5 and chosen["grpo"]["scores"] == pytest.approx({"lr5e-06": 0.3, "lr2e-05": 0.7})
     assert chosen["rtpo"]["lr"] == 5e-6  # 0.5 against 0.5: the smaller rate
     assert "turn_ppo" not in chosen
