@@ -20,6 +20,12 @@ Protocol (issue 26; docs/benchmarks.md "Learning-rate protocol"):
   RTPO's 0.792 at 4e-5 against 0.750 at 2e-5 is not a difference the sweep can see, and "the best score" picked
   the larger, riskier step on noise. Where the scores are resolved (GRPO: 0.986 ± 0.014 against 0.970 and 0.941)
   the rule picks the best, as before.
+* The standard error has a **binomial floor** (`score_error`): never below that of a success rate measured on the
+  late steps' episodes, ``sqrt(p~(1-p~)/n)`` with Laplace's ``p~ = (successes + 1) / (n + 2)``. Without it a perfect
+  score has a standard error of 0 and a zero-width window: FrozenLake token-PPO's 1.000 at 2e-5 (14 steps of 8
+  games) beat 0.994 at 5e-6 (one game lost in 176). With it the window is 0.009 and 5e-6 is chosen. Adopted on
+  2026-12-02 from the sweep scores alone, and applied to every sweep (FrozenLake's choices re-made: only
+  token-PPO's changed, 2e-5 -> 5e-6).
 * The reported cells (`learning.py --lr-from-sweep`) then run at the chosen learning rate, which each cell's
   ``summary.json`` records.
 
@@ -30,6 +36,7 @@ Sweep cells live in ``<out>/sweep/<env>/<schedule>/lr<lr>/seed<k>/``; ``<out>/sw
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -60,12 +67,23 @@ def sweep_dir(out: Path, env: str, schedule: str, lr: float, seed: int) -> Path:
     return out / "sweep" / env / schedule / lr_name(lr) / f"seed{seed}"
 
 
+def _late_steps(summary: dict[str, Any], budget: int) -> list[dict[str, Any]]:
+    late = [s for s in summary["train"] if s["tokens"] > budget / 2 and s["success"] is not None]
+    return late or [summary["train"][-1]]  # a run whose first step already passed half the budget: its last step
+
+
 def late_successes(summary: dict[str, Any], budget: int) -> list[float]:
     """Training-rollout success of the steps that ended past half the token budget."""
-    late = [s["success"] for s in summary["train"] if s["tokens"] > budget / 2 and s["success"] is not None]
-    if not late:  # a run whose first step already passed half the budget: its last step
-        late = [summary["train"][-1]["success"] or 0.0]
-    return late
+    return [s["success"] or 0.0 for s in _late_steps(summary, budget)]
+
+
+def late_episodes(summary: dict[str, Any], budget: int, cell: str = "cell") -> int:
+    """Episodes played by those steps (each step's ``episodes``: its ``rollout/episodes``)."""
+    steps = _late_steps(summary, budget)
+    if any(s.get("episodes") is None for s in steps):
+        raise ValueError(f"{cell}: a step has no 'episodes' (benchmarks/learning.py writes each step's "
+                         "rollout/episodes since 2026-12-02; rerun the cell)")
+    return int(sum(s["episodes"] for s in steps))
 
 
 def cell_score(summary: dict[str, Any], budget: int) -> float:
@@ -76,6 +94,20 @@ def cell_score(summary: dict[str, Any], budget: int) -> float:
 def standard_error(values: list[float]) -> float:
     """Sample standard deviation over sqrt(n); 0 for fewer than two values (nothing to say it is uncertain)."""
     return statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+
+
+def binomial_floor(score: float, episodes: int) -> float:
+    """Standard error of a success rate ``score`` over ``episodes`` games, with Laplace's estimate
+    ``(successes + 1) / (episodes + 2)`` so that a perfect (or null) score still has a width."""
+    if episodes <= 0:
+        return 0.0
+    p = (score * episodes + 1.0) / (episodes + 2.0)
+    return math.sqrt(p * (1.0 - p) / episodes)
+
+
+def score_error(late: list[float], episodes: int) -> float:
+    """A score's standard error: over its late steps, never below the binomial floor of its episodes."""
+    return max(standard_error(late), binomial_floor(statistics.fmean(late), episodes))
 
 
 def choose(scores: dict[float, float], errors: dict[float, float] | None = None) -> float:
@@ -94,7 +126,8 @@ def report_sweep(out: Path, env: str, schedules: list[str], grid: Mapping[str, S
     lrs = sorted({lr for s in schedules for lr in grid[s]})
     chosen: dict[str, Any] = {}
     lines = [f"# Learning-rate sweep: {env} (policy lr; score = mean training-rollout success over the steps past "
-             f"{budget // 2} of {budget} tokens ± its standard error over those steps; "
+             f"{budget // 2} of {budget} tokens ± its standard error over those steps, floored at the binomial one of "
+             "their episodes; "
              f"seeds {', '.join(map(str, seeds))}; "
              "chosen: the smallest lr within one standard error of the best; held-out games not played)", "",
              "| schedule | " + " | ".join(lr_name(lr) for lr in lrs) + " | chosen |",
@@ -102,6 +135,7 @@ def report_sweep(out: Path, env: str, schedules: list[str], grid: Mapping[str, S
     for schedule in schedules:
         per_lr: dict[float, list[float]] = {}
         late: dict[float, list[float]] = {}
+        episodes: dict[float, int] = {}
         for lr in grid[schedule]:
             for seed in seeds:
                 f = sweep_dir(out, env, schedule, lr, seed) / "summary.json"
@@ -109,14 +143,15 @@ def report_sweep(out: Path, env: str, schedules: list[str], grid: Mapping[str, S
                     summary = json.loads(f.read_text())
                     per_lr.setdefault(lr, []).append(cell_score(summary, budget))
                     late.setdefault(lr, []).extend(late_successes(summary, budget))
+                    episodes[lr] = episodes.get(lr, 0) + late_episodes(summary, budget, str(f))
         complete = {lr: statistics.fmean(v) for lr, v in per_lr.items() if len(v) == len(seeds)}
-        errors = {lr: standard_error(late[lr]) for lr in complete}
+        errors = {lr: score_error(late[lr], episodes[lr]) for lr in complete}
         cells = " | ".join(f"{complete[lr]:.3f} ± {errors[lr]:.3f}" if lr in complete else "—" for lr in lrs)
         if len(complete) == len(grid[schedule]):
             lr = choose(complete, errors)
             chosen[schedule] = {"lr": lr, "scores": {lr_name(k): v for k, v in complete.items()},
                                 "standard_errors": {lr_name(k): v for k, v in errors.items()}, "seeds": seeds,
-                                "rule": "smallest lr within one standard error of the best score"}
+                                "rule": "smallest lr within one standard error (binomial floor) of the best score"}
             lines.append(f"| {schedule} | {cells} | {lr:g} |")
         else:
             lines.append(f"| {schedule} | {cells} | (sweep unfinished) |")

@@ -10,11 +10,23 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from learning_sweep import cell_score, choose, chosen_lr, report_sweep, standard_error, sweep_dir, sweep_lrs
+from learning_sweep import (
+    binomial_floor,
+    cell_score,
+    choose,
+    chosen_lr,
+    late_episodes,
+    report_sweep,
+    score_error,
+    standard_error,
+    sweep_dir,
+    sweep_lrs,
+)
 
 
-def _summary(successes: list[float], tokens: list[int]) -> dict:
-    return {"train": [{"tokens": t, "success": s} for s, t in zip(successes, tokens, strict=True)]}
+def _summary(successes: list[float], tokens: list[int], episodes: int = 8) -> dict:
+    steps = zip(successes, tokens, strict=True)
+    return {"train": [{"tokens": t, "success": s, "episodes": episodes} for s, t in steps]}
 
 
 def test_score_is_the_mean_training_success_past_half_the_budget() -> None:
@@ -40,6 +52,26 @@ def test_the_smallest_rate_within_one_standard_error_of_the_best_wins() -> None:
     assert choose({5e-6: 0.941, 1e-5: 0.986, 2e-5: 0.970}, {5e-6: 0.02, 1e-5: 0.014, 2e-5: 0.015}) == 1e-5
     late = [0.5, 0.75, 0.75, 1.0, 0.75, 1.0]  # the 4e-5 cell's late steps
     assert standard_error(late) == pytest.approx(statistics.stdev(late) / 6**0.5) and standard_error([1.0]) == 0.0
+
+
+def test_a_perfect_score_keeps_a_binomial_width() -> None:
+    """FrozenLake token-PPO's sweep (2026-12-02): 1.000 over 14 late steps of 8 games at 2e-5 has a step standard
+    error of 0, so without a floor 0.994 at 5e-6 (one game lost in 176) is outside a zero-width window. Laplace's
+    p~ = 113/114 over 112 games gives sqrt(p~(1-p~)/112) = 0.00881, and 5e-6 is within it."""
+    assert binomial_floor(1.0, 112) == pytest.approx(((113 / 114) * (1 / 114) / 112) ** 0.5)
+    assert binomial_floor(1.0, 112) == pytest.approx(0.00881, abs=1e-5)
+    errors = {5e-6: score_error([1.0] * 21 + [0.875], 176), 2e-5: score_error([1.0] * 14, 112)}
+    assert errors[2e-5] == pytest.approx(0.00881, abs=1e-5)
+    # 5e-6: the floor (p~ = 176/178 over 176 games: 0.00794) is above its steps' error (0.00568)
+    assert errors[5e-6] == pytest.approx(((176 / 178) * (2 / 178) / 176) ** 0.5)
+    assert errors[5e-6] > standard_error([1.0] * 21 + [0.875])
+    assert choose({5e-6: 1 - 1 / 176, 2e-5: 1.0}, errors) == 5e-6
+    assert choose({5e-6: 1 - 1 / 176, 2e-5: 1.0}, {5e-6: 0.0057, 2e-5: 0.0}) == 2e-5  # the unfloored rule
+    # a resolved difference stays resolved: 0.5 over 800 games is not within 1.000's window
+    assert choose({5e-6: 0.5, 2e-5: 1.0}, {5e-6: 0.0, 2e-5: score_error([1.0] * 100, 800)}) == 2e-5
+    with pytest.raises(ValueError, match="cell x: a step has no 'episodes'"):
+        late_episodes({"train": [{"tokens": 900, "success": 1.0}]}, 1600, "cell x")
+    assert late_episodes(_summary([1.0, 0.5, 0.5], [300, 900, 1700], episodes=4), 1600) == 8
 
 
 def test_report_chooses_per_schedule_from_finished_cells_only(tmp_path: Path) -> None:
@@ -80,4 +112,5 @@ def test_a_schedule_is_chosen_on_its_own_grid(tmp_path: Path) -> None:
     assert chosen["rtpo"]["lr"] == 2e-5 and chosen["grpo"]["lr"] == 1e-5
     table = (tmp_path / "sweep" / "guess" / "sweep.md").read_text()
     assert "| lr5e-06 | lr1e-05 | lr2e-05 | lr4e-05 |" in table
-    assert "| rtpo | — | 0.200 ± 0.000 | 0.900 ± 0.000 | 0.400 ± 0.000 | 2e-05 |" in table
+    # one step of 8 games each: the binomial floor, e.g. 0.9 -> p~ = 8.2/10, sqrt(0.82 * 0.18 / 8) = 0.136
+    assert "| rtpo | — | 0.200 ± 0.155 | 0.900 ± 0.136 | 0.400 ± 0.174 | 2e-05 |" in table
