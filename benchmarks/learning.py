@@ -170,15 +170,25 @@ def cell_folder(out: Path, env: str, schedule: str, seed: int, lr: float | None,
     return sweep_dir(out, env, schedule, lr, seed) if sweep and lr is not None else cell_dir(out, env, schedule, seed)
 
 
+CELL_RULES = 1
+"""The version of what a cell measures, recorded in each ``summary.json`` (``rules``; a summary without one is
+version 1). Bump it with a change to the training code, a config or the protocol that makes the committed cells
+not comparable with new ones (a fix to a schedule's update, a changed config default): `finished` then reruns every
+cell of an older version, where before such cells had to be found and deleted by hand."""
+
+
 def finished(folder: Path, lr: float | None, sweep: bool) -> bool:
-    """Whether the cell in ``folder`` has run: it has a summary, and a cell asked for at a sweep-chosen ``lr`` ran
-    at that lr (a summary from a run at the configs' lr, or at another choice, is not this cell's result)."""
+    """Whether the cell in ``folder`` has run: it has a summary under the current `CELL_RULES`, and a cell asked for
+    at a sweep-chosen ``lr`` ran at that lr (a summary from a run at the configs' lr, or at another choice, is not
+    this cell's result)."""
     f = folder / "summary.json"
     if not f.exists():
         return False
+    done = json.loads(f.read_text())
+    if done.get("rules", 1) < CELL_RULES:
+        return False
     if lr is None or sweep:
         return True
-    done = json.loads(f.read_text())
     return bool(done.get("lr_source") == "chosen by the sweep" and done.get("lr") == lr)
 
 
@@ -241,6 +251,7 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
     summary = summarize(folder / "metrics.csv", env, schedule, seed, wall, cpu, need_evals=not sweep)
     summary["lr"] = lr if lr is not None else config_value(env, schedule, "model", "optim", "lr")
     summary["lr_source"] = "sweep" if sweep else ("chosen by the sweep" if lr is not None else "config")
+    summary["rules"] = CELL_RULES
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))
     if sweep:
         print(f"[learning] {name}: done in {wall / 60:.1f} min ({cpu / 60:.1f} CPU-min), "

@@ -59,3 +59,16 @@ def test_a_cell_asked_for_at_the_chosen_lr_is_not_an_earlier_run_at_another(tmp_
     (tmp_path / "summary.json").write_text('{"lr": 1e-05, "lr_source": "chosen by the sweep"}')
     assert finished(tmp_path, 1e-5, False) and not finished(tmp_path, 2e-5, False)
     assert finished(tmp_path, 5e-6, True)  # a sweep cell's folder is per lr already
+
+
+def test_a_cell_of_older_rules_runs_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import learning
+    from learning import finished
+
+    (tmp_path / "summary.json").write_text('{"lr": 1e-05, "lr_source": "chosen by the sweep"}')  # no record: 1
+    assert finished(tmp_path, 1e-5, False) and finished(tmp_path, None, False) and finished(tmp_path, 1e-5, True)
+    monkeypatch.setattr(learning, "CELL_RULES", 2)  # a fix that makes earlier cells not comparable
+    assert not finished(tmp_path, 1e-5, False) and not finished(tmp_path, None, False)
+    assert not finished(tmp_path, 1e-5, True)
+    (tmp_path / "summary.json").write_text('{"lr": 1e-05, "lr_source": "chosen by the sweep", "rules": 2}')
+    assert finished(tmp_path, 1e-5, False)
