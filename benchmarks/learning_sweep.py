@@ -152,7 +152,10 @@ def report_sweep(out: Path, env: str, schedules: list[str], grid: Mapping[str, S
             chosen[schedule] = {"lr": lr, "scores": {lr_name(k): v for k, v in complete.items()},
                                 "standard_errors": {lr_name(k): v for k, v in errors.items()}, "seeds": seeds,
                                 "rule": "smallest lr within one standard error (binomial floor) of the best score"}
-            lines.append(f"| {schedule} | {cells} | {lr:g} |")
+            edge = " (top of its grid)" if lr == max(grid[schedule]) and len(grid[schedule]) > 1 else ""
+            if edge:  # the protocol does not widen a grid; say so where a choice may lie beyond it
+                chosen[schedule]["at_grid_edge"] = True
+            lines.append(f"| {schedule} | {cells} | {lr:g}{edge} |")
         else:
             lines.append(f"| {schedule} | {cells} | (sweep unfinished) |")
     folder = out / "sweep" / env

@@ -97,6 +97,18 @@ def test_report_chooses_per_schedule_from_finished_cells_only(tmp_path: Path) ->
         chosen_lr(tmp_path, "guess", "turn_ppo")
 
 
+def test_a_choice_at_the_top_of_its_grid_is_flagged(tmp_path: Path) -> None:
+    """The protocol does not widen a grid, so a choice at its largest rate (where the best may lie beyond) says so in
+    chosen.json and sweep.md; one inside the grid does not."""
+    for lr, success in zip((1e-5, 2e-5, 4e-5), (0.4, 0.6, 0.95), strict=True):
+        folder = sweep_dir(tmp_path, "frozenlake", "rtpo", lr, 10)
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps(_summary([success] * 6, [900] * 6)))
+    chosen = report_sweep(tmp_path, "frozenlake", ["rtpo"], {"rtpo": (1e-5, 2e-5, 4e-5)}, [10], budget=1600)
+    assert chosen["rtpo"]["lr"] == 4e-5 and chosen["rtpo"]["at_grid_edge"] is True
+    assert "| 4e-05 (top of its grid) |" in (tmp_path / "sweep" / "frozenlake" / "sweep.md").read_text()
+
+
 def test_a_schedule_is_chosen_on_its_own_grid(tmp_path: Path) -> None:
     """RTPO's grid is the default one doubled (`SCHEDULE_LRS`): its choice needs its three cells, not the default
     grid's; the table's columns are the union, '—' where a schedule has no cell."""
@@ -110,6 +122,7 @@ def test_a_schedule_is_chosen_on_its_own_grid(tmp_path: Path) -> None:
     chosen = report_sweep(tmp_path, "guess", ["rtpo", "grpo"], {s: sweep_lrs(s) for s in ("rtpo", "grpo")}, [10],
                           budget=4000)
     assert chosen["rtpo"]["lr"] == 2e-5 and chosen["grpo"]["lr"] == 1e-5
+    assert "at_grid_edge" not in chosen["rtpo"] and "at_grid_edge" not in chosen["grpo"]
     table = (tmp_path / "sweep" / "guess" / "sweep.md").read_text()
     assert "| lr5e-06 | lr1e-05 | lr2e-05 | lr4e-05 |" in table
     # one step of 8 games each: the binomial floor, e.g. 0.9 -> p~ = 8.2/10, sqrt(0.82 * 0.18 / 8) = 0.136
