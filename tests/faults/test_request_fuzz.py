@@ -11,7 +11,8 @@ how the old fuzz missed the 500s they caused), and prompts include huge shapes: 
 Generation stays small (``max_tokens`` is never a number above 8, and chat always sets it). Each request must answer
 before its 60 s timeout, never with a 5xx, and any error in the OpenAI shape; all of them go over one kept-alive
 connection, which must never be dropped (a drop is counted as a reset, and there must be none); ``/health`` is
-polled on its own connection the whole time and must answer within a second every time; afterwards the server's
+polled on its own connection the whole time and must answer every time within
+``STALL_S`` (5 s: far above scheduling jitter, far below the 45 s stalls issue 29 removed); afterwards the server's
 log holds no traceback. ``FUZZ_SERVE_EXAMPLES`` / ``FUZZ_GATEWAY_EXAMPLES`` (per endpoint) scale a longer run; the
 defaults (600 completions + 400 chat against ``agentrl serve``, 300 against the gateway) are CI's. The examples are
 derandomized: CI runs the same ones every time.
@@ -34,7 +35,7 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.health import health_watch
+from tests.support.health import STALL_S, health_watch
 from tests.support.server import Server
 
 SERVE_EXAMPLES = int(os.environ.get("FUZZ_SERVE_EXAMPLES", "500"))
@@ -235,7 +236,7 @@ def _assert_healthy(tally: Tally, latencies: list[float], target: str, minimum: 
     print(tally.line(target) + f"; /health: {len(latencies)} polls, slowest {max(latencies):.3f} s")
     assert tally.bodies >= minimum, tally.line(target)
     assert tally.server_errors == 0 and tally.resets == 0, tally.line(target)
-    assert max(latencies) < 1.0, f"/health took up to {max(latencies):.2f} s during the {target} fuzz"
+    assert max(latencies) < STALL_S, f"/health took up to {max(latencies):.2f} s during the {target} fuzz"
 
 
 def test_fuzzed_requests_never_break_the_server(victim: Server) -> None:

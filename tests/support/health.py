@@ -9,6 +9,16 @@ from contextlib import contextmanager
 
 import httpx
 
+STALL_S = 5.0
+"""The slowest ``/health`` answer a fault test accepts while the server refuses what the test sends.
+
+A stall this detects is the event loop blocked behind one request: before issue 29 that held ``/health`` for 45 to
+106 s (a 15 MiB prompt tokenized on the loop, a 640,000-sequence fan-out). A bound of one second also caught
+scheduling jitter: on the 2-core CI machine, with pytest-xdist's second worker busy and the training gateway sharing
+the test's process (and its GIL) with hypothesis building multi-MiB bodies, one poll took 1.22 s and failed CI.
+Five seconds is far above that jitter and far below any stall the tests were written for.
+"""
+
 
 @contextmanager
 def health_watch(url: str, every: float = 0.1) -> Iterator[list[float]]:
