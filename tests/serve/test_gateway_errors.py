@@ -15,6 +15,7 @@ from agentrl.agents.llm import LLMClient
 from agentrl.engines.base import SamplingParams
 from agentrl.models.policy import Policy
 from agentrl.serve.gateway import TrainingGateway
+from tests.support.health import STALL_S, health_watch
 from tests.support.scripted import ScriptedEngine
 
 
@@ -80,29 +81,23 @@ def test_strings_that_are_not_unicode_are_400s_naming_the_field(tiny_policy: Pol
 
 
 def test_a_huge_message_truncates_its_episode_at_once_and_the_loop_keeps_answering(tiny_policy: Policy) -> None:
-    """Before, a 4 MB chat message was rendered and tokenized on the rollout loop (6 s held)."""
+    """Before, a 4 MB chat message was rendered and tokenized on the rollout loop (6 s held). The message is 12 MiB
+    so that the old bug would hold ``/health`` about 18 s, far over `STALL_S`."""
 
     async def main() -> tuple[httpx.Response, list[float], Any]:
         gateway, engine = TrainingGateway(), ScriptedEngine(tiny_policy)
         try:
             llm = LLMClient(engine, engine.tokenizer, SamplingParams(max_tokens=4), session="s", seed=1)
             route = await gateway.open(llm)
-            latencies: list[float] = []
-            async with httpx.AsyncClient(timeout=120) as http:
-                async def poll() -> None:
-                    while True:
-                        began = asyncio.get_running_loop().time()
-                        await http.get(f"{gateway.url}/health")
-                        latencies.append(asyncio.get_running_loop().time() - began)
-                        await asyncio.sleep(0.05)
-
-                poller = asyncio.create_task(poll())
-                await asyncio.sleep(0.2)
-                r = await http.post(f"{route.base_url}/chat/completions", headers={
-                    "Authorization": f"Bearer {route.api_key}"}, json={"messages": [
-                        {"role": "user", "content": "b" * (4 << 20)}]})
-                await asyncio.sleep(0.2)
-                poller.cancel()
+            # The poller is a thread of its own: a poller task on this loop would sleep through a blocked loop and
+            # time only the polls after it (seen: a planted 15 s block on the loop, slowest poll 0.02 s).
+            with health_watch(gateway.url, every=0.05) as latencies:
+                async with httpx.AsyncClient(timeout=120) as http:
+                    await asyncio.sleep(0.2)
+                    r = await http.post(f"{route.base_url}/chat/completions", headers={
+                        "Authorization": f"Bearer {route.api_key}"}, json={"messages": [
+                            {"role": "user", "content": "b" * (12 << 20)}]})
+                    await asyncio.sleep(0.2)
             await gateway.close(route)
             return r, latencies, route.stopped
         finally:
@@ -113,4 +108,4 @@ def test_a_huge_message_truncates_its_episode_at_once_and_the_loop_keeps_answeri
     assert r.status_code == 400 and r.json()["error"]["type"] == "EpisodeTruncated", r.text[:300]
     assert "characters" in r.json()["error"]["message"]
     assert stopped is not None  # the episode ends truncated, as for a full context
-    assert latencies and max(latencies) < 1.0, max(latencies)
+    assert latencies and max(latencies) < STALL_S, max(latencies)
