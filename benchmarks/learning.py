@@ -170,6 +170,16 @@ def cell_folder(out: Path, env: str, schedule: str, seed: int, lr: float | None,
     return sweep_dir(out, env, schedule, lr, seed) if sweep and lr is not None else cell_dir(out, env, schedule, seed)
 
 
+def reported_schedules(folder: Path, given: list[str]) -> list[str]:
+    """The schedules a report covers: the ones this invocation ran and every other one with results in ``folder``.
+    Two runners on different schedules of one environment then leave a table (and a ``chosen.json``) of all of
+    them, where each used to overwrite it with its own schedules only: a reported runner reading ``chosen.json``
+    while a sweep runner finished lost its schedule's choice mid-run. A schedule not run now is scored on its
+    default grid (`sweep_lrs`)."""
+    on_disk = [s for s in SCHEDULES if s not in given and (folder / s).is_dir()]
+    return [s for s in SCHEDULES if s in given or s in on_disk] + [s for s in given if s not in SCHEDULES]
+
+
 CELL_RULES = 1
 """The version of what a cell measures, recorded in each ``summary.json`` (``rules``; a summary without one is
 version 1). Bump it with a change to the training code, a config or the protocol that makes the committed cells
@@ -355,12 +365,13 @@ def main(argv: list[str] | None = None) -> int:
     from learning_report import report  # the figures and the table (benchmarks/learning_report.py)
 
     for env in args.env:
+        shown = reported_schedules(args.out / "sweep" / env if sweeping else args.out / env, args.schedules)
         if sweeping:
             budget = int(config_value(env, args.schedules[0], "data", "max_generated_tokens"))
-            report_sweep(args.out, env, args.schedules, {s: [x for x in g if x is not None] for s, g in grids.items()},
-                         args.seeds, budget)
+            report_sweep(args.out, env, shown, {s: [x for x in grids[s] if x is not None] if s in grids
+                                                else list(sweep_lrs(s)) for s in shown}, args.seeds, budget)
         else:
-            report(args.out, env, args.schedules, args.seeds, TARGETS.get(env_setting(env)[0], 0.5))
+            report(args.out, env, shown, args.seeds, TARGETS.get(env_setting(env)[0], 0.5))
     return 1 if failed else 0
 
 

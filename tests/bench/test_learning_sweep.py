@@ -127,3 +127,20 @@ def test_a_schedule_is_chosen_on_its_own_grid(tmp_path: Path) -> None:
     assert "| lr5e-06 | lr1e-05 | lr2e-05 | lr4e-05 |" in table
     # one step of 8 games each: the binomial floor, e.g. 0.9 -> p~ = 8.2/10, sqrt(0.82 * 0.18 / 8) = 0.136
     assert "| rtpo | — | 0.200 ± 0.155 | 0.900 ± 0.136 | 0.400 ± 0.174 | 2e-05 |" in table
+
+
+def test_a_report_keeps_the_choices_of_schedules_another_runner_swept(tmp_path: Path) -> None:
+    """Two runners sweep different schedules of one environment; the one that finishes last used to write a
+    chosen.json of its own schedules only, so a reported runner reading it lost the other's choice mid-run."""
+    from learning import main, reported_schedules
+
+    for schedule, successes in (("rtpo", (0.2, 0.9, 0.4)), ("grpo", (0.1, 0.2, 0.8))):
+        for lr, success in zip(sweep_lrs(schedule), successes, strict=True):
+            folder = sweep_dir(tmp_path, "guess", schedule, lr, 10)
+            folder.mkdir(parents=True)
+            (folder / "summary.json").write_text(json.dumps(_summary([success], [4000])))
+    assert reported_schedules(tmp_path / "sweep" / "guess", ["grpo"]) == ["rtpo", "grpo"]
+    assert reported_schedules(tmp_path / "sweep" / "guess", ["token_ppo"]) == ["rtpo", "grpo", "token_ppo"]
+    assert main(["--env", "guess", "--schedules", "grpo", "--lrs", "--report", "--out", str(tmp_path)]) == 0
+    assert chosen_lr(tmp_path, "guess", "grpo") == 2e-5 and chosen_lr(tmp_path, "guess", "rtpo") == 2e-5
+    assert "| rtpo |" in (tmp_path / "sweep" / "guess" / "sweep.md").read_text()
