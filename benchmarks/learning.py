@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import os
 import platform
@@ -187,15 +188,27 @@ not comparable with new ones (a fix to a schedule's update, a changed config def
 cell of an older version, where before such cells had to be found and deleted by hand."""
 
 
-def finished(folder: Path, lr: float | None, sweep: bool) -> bool:
-    """Whether the cell in ``folder`` has run: it has a summary under the current `CELL_RULES`, and a cell asked for
-    at a sweep-chosen ``lr`` ran at that lr (a summary from a run at the configs' lr, or at another choice, is not
-    this cell's result)."""
+def settings_digest(env: str, schedule: str, extra: list[str]) -> str:
+    """A digest of what a cell's settings are: its two config files as parsed (comments and layout do not count)
+    and the extra ``agentrl fit`` arguments, recorded in each ``summary.json`` (``settings``). A changed setting in
+    one schedule's config (RTPO's group size) then reruns that schedule's cells only, where `CELL_RULES` reruns all
+    of them; a summary without one (written before 2026-12-02 15:00) is taken as current."""
+    files = [CONFIGS / f"{env_setting(env)[0]}.yaml", CONFIGS / "schedules" / f"{schedule}.yaml"]
+    parsed = [yaml.safe_load(f.read_text()) for f in files]
+    return hashlib.sha256(json.dumps([parsed, list(extra)], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def finished(folder: Path, lr: float | None, sweep: bool, settings: str | None = None) -> bool:
+    """Whether the cell in ``folder`` has run: it has a summary under the current `CELL_RULES` and, when it
+    records one, the current ``settings`` digest (`settings_digest`), and a cell asked for at a sweep-chosen ``lr``
+    ran at that lr (a summary from a run at the configs' lr, or at another choice, is not this cell's result)."""
     f = folder / "summary.json"
     if not f.exists():
         return False
     done = json.loads(f.read_text())
     if done.get("rules", 1) < CELL_RULES:
+        return False
+    if settings is not None and done.get("settings", settings) != settings:
         return False
     if lr is None or sweep:
         return True
@@ -218,7 +231,8 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
     """One cell; ``lr`` overrides the configs' policy learning rate, ``sweep`` plays no held-out games."""
     folder = cell_folder(args.out, env, schedule, seed, lr, sweep)
     name = folder.relative_to(args.out).as_posix()  # e.g. frozenlake/rtpo/seed0, sweep/frozenlake/rtpo/lr1e-05/seed10
-    if finished(folder, lr, sweep):
+    settings = settings_digest(env, schedule, args.extra)
+    if finished(folder, lr, sweep, settings):
         print(f"[learning] {name}: finished earlier, skipped", flush=True)
         return json.loads((folder / "summary.json").read_text())
     if folder.exists():  # a partial cell from an interrupted sitting, or one run at another lr: start it again
@@ -262,6 +276,7 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
     summary["lr"] = lr if lr is not None else config_value(env, schedule, "model", "optim", "lr")
     summary["lr_source"] = "sweep" if sweep else ("chosen by the sweep" if lr is not None else "config")
     summary["rules"] = CELL_RULES
+    summary["settings"] = settings
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))
     if sweep:
         print(f"[learning] {name}: done in {wall / 60:.1f} min ({cpu / 60:.1f} CPU-min), "
@@ -354,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         ran = 0
         for env, schedule, seed, swept in todo:
             lr = chosen_lr(args.out, env_setting(env)[0], schedule) if args.lr_from_sweep else swept
-            if finished(cell_folder(args.out, env, schedule, seed, lr, sweeping), lr, sweeping):
+            folder = cell_folder(args.out, env, schedule, seed, lr, sweeping)
+            if finished(folder, lr, sweeping, settings_digest(env, schedule, args.extra)):
                 run_cell(env, schedule, seed, args, lr=lr, sweep=sweeping)
                 continue
             if args.max_cells is not None and ran >= args.max_cells:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -72,3 +73,20 @@ def test_a_cell_of_older_rules_runs_again(tmp_path: Path, monkeypatch: pytest.Mo
     assert not finished(tmp_path, 1e-5, True)
     (tmp_path / "summary.json").write_text('{"lr": 1e-05, "lr_source": "chosen by the sweep", "rules": 2}')
     assert finished(tmp_path, 1e-5, False)
+
+
+def test_a_cell_of_changed_settings_runs_again(tmp_path: Path) -> None:
+    """RTPO's group size changed in its schedule config: its cells rerun, the other schedules' do not; a summary
+    from before the digest was recorded counts as current."""
+    from learning import finished, settings_digest
+
+    rtpo, grpo = settings_digest("frozenlake", "rtpo", []), settings_digest("frozenlake", "grpo", [])
+    knobs = settings_digest("creditchain-m3", "rtpo", [])  # an env's knobs are the cell's overrides, not settings
+    assert rtpo != grpo and knobs == settings_digest("creditchain", "rtpo", [])
+    g5 = settings_digest("frozenlake", "rtpo", ["--model.algorithm.init_args.group_size", "5"])
+    assert g5 != rtpo
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"rules": 1, "settings": rtpo}))
+    assert finished(tmp_path, None, False, rtpo) and not finished(tmp_path, None, False, g5)
+    summary.write_text(json.dumps({"rules": 1}))
+    assert finished(tmp_path, None, False, g5)
