@@ -11,11 +11,11 @@ how the old fuzz missed the 500s they caused), and prompts include huge shapes: 
 Generation stays small (``max_tokens`` is never a number above 8, and chat always sets it). Each request must answer
 before its 60 s timeout, never with a 5xx, and any error in the OpenAI shape; all of them go over one kept-alive
 connection, which must never be dropped (a drop is counted as a reset, and there must be none); ``/health`` is
-polled on its own connection the whole time and must answer every time within
-``STALL_S`` (5 s: far above scheduling jitter, far below the 45 s stalls issue 29 removed); afterwards the server's
-log holds no traceback. ``FUZZ_SERVE_EXAMPLES`` / ``FUZZ_GATEWAY_EXAMPLES`` (per endpoint) scale a longer run; the
-defaults (600 completions + 400 chat against ``agentrl serve``, 300 against the gateway) are CI's. The examples are
-derandomized: CI runs the same ones every time.
+polled on its own connection the whole time and must answer every time within ``STALL_S`` (5 s: far above
+scheduling jitter, far below the 45 s stalls issue 29 removed); afterwards the server's log holds no traceback.
+``FUZZ_SERVE_EXAMPLES`` / ``FUZZ_GATEWAY_EXAMPLES`` (per endpoint) scale a longer run; the defaults (600
+completions + 400 chat against ``agentrl serve``, 300 against the gateway) are CI's. The examples are derandomized:
+CI runs the same ones every time.
 """
 
 from __future__ import annotations
