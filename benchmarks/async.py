@@ -12,6 +12,9 @@ counted once per update, not per epoch), the whole-loop throughput (generated + 
 speed-up over s = 0 of the same schedule and seed, the staleness and wait metrics, and the held-out success
 before and after. Between runs the server's adapters are unloaded, so each run starts from the base model.
 
+The result file is written after every run and read back at start: a run already in it under the same workload
+is not run again, so a long comparison can be stopped and resumed (``--fresh`` starts over).
+
 Usage::
 
     python benchmarks/async.py                                   # SmolLM2-135M-Instruct, the real comparison
@@ -24,6 +27,7 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -128,7 +132,48 @@ def print_table(runs: list[dict[str, Any]]) -> None:
               f"{held:>13}")
 
 
-def main() -> None:
+RESUME_IGNORES = ("out", "seeds", "schedules", "staleness", "fresh")  # what may differ between resumed invocations
+
+
+def same_workload(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return {k: v for k, v in a.items() if k not in RESUME_IGNORES} == {
+        k: v for k, v in b.items() if k not in RESUME_IGNORES}
+
+
+def earlier_runs(out: Path, workload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs a previous invocation wrote to ``out`` under the same workload (none if it differs: a run made with
+    another budget, model or learning rate is not comparable and is not mixed in)."""
+    if not out.exists():
+        return []
+    old = json.loads(out.read_text())
+    if not same_workload(old.get("workload", {}), workload):
+        print(f"{out} holds runs of another workload: starting over (they are overwritten at the first run)")
+        return []
+    return list(old.get("runs", []))
+
+
+def run_key(r: dict[str, Any]) -> tuple[str, int, int]:
+    return (r["schedule"], r["max_staleness"], r["seed"])
+
+
+def pending(runs: list[dict[str, Any]], seeds: list[int], schedules: list[str],
+            staleness: list[int]) -> list[tuple[int, str, int]]:
+    """(seed, schedule, s) of the asked runs not in ``runs``, in the order they run: each seed's schedules with every
+    s side by side."""
+    done = {run_key(r) for r in runs}
+    return [(seed, name, s) for seed in seeds for name in schedules for s in staleness if (name, s, seed) not in done]
+
+
+def write_result(args: argparse.Namespace, workload: dict[str, Any], runs: list[dict[str, Any]]) -> None:
+    result = {"machine": f"{platform.machine()}, 1 thread each (trainer, server), torch {torch.__version__}",
+              "cpu": cpu_identity(), "workload": workload, "runs": runs}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(args.out)
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--schedules", nargs="+", choices=["grpo", "rtpo"], default=["grpo", "rtpo"])
@@ -143,26 +188,29 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--eval-episodes", type=int, default=32)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/async.json")
-    args = ap.parse_args()
+    ap.add_argument("--fresh", action="store_true", help="ignore the runs already in --out")
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)  # the trainer's one thread
-    runs: list[dict[str, Any]] = []
+    workload = vars(args) | {"out": str(args.out)}
+    runs = [] if args.fresh else earlier_runs(args.out, workload)
+    todo = pending(runs, args.seeds, args.schedules, args.staleness)
+    print(f"{len(runs)} runs already in {args.out}; {len(todo)} to run", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        server, url = start_serve(args.model, root, LORA, threads=1)
+        server: subprocess.Popen[bytes] | None = None
+        if todo:
+            server, url = start_serve(args.model, root, LORA, threads=1)
         try:
-            for seed in args.seeds:
-                for name in args.schedules:
-                    for s in args.staleness:
-                        runs.append(one_run(args, url, root, name, s, seed))
-                        print(f"done: {name} s={s} seed={seed}: {runs[-1]['tokens_per_s']:.1f} tokens/s", flush=True)
+            for seed, name, s in todo:
+                runs.append(one_run(args, url, root, name, s, seed))
+                write_result(args, workload, runs)
+                print(f"done: {name} s={s} seed={seed}: {runs[-1]['tokens_per_s']:.1f} tokens/s", flush=True)
         finally:
-            server.terminate()
-            server.wait(30)
-    print_table(runs)
-    result = {"machine": f"{platform.machine()}, 1 thread each (trainer, server), torch {torch.__version__}",
-              "cpu": cpu_identity(), "workload": vars(args) | {"out": str(args.out)}, "runs": runs}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+            if server is not None:
+                server.terminate()
+                server.wait(30)
+    print_table(sorted(runs, key=lambda r: (r["seed"], r["schedule"], r["max_staleness"])))
+    write_result(args, workload, runs)
     print(f"written: {args.out}")
 
 
