@@ -312,6 +312,8 @@ def summarize(metrics_csv: Path, env: str, schedule: str, seed: int, wall: float
             steps.append({"step": int(float(r["step"])) + 1, "tokens": int(float(r["perf/generated_tokens_total"])),
                           "success": _num(r.get("rollout/success")), "reward": _num(r.get("rollout/reward")),
                           "episodes": _num(r.get("rollout/episodes")),
+                          "generated_success": _num(r.get("rollout/generated_success")),
+                          "generated_episodes": _num(r.get("rollout/generated_episodes")),
                           "seconds": _num(r.get("perf/step_seconds"))})
         if _num(r.get("eval/success")) is not None:
             evals.append({"tokens": int(float(r["eval/generated_tokens"])), "success": _num(r["eval/success"]),

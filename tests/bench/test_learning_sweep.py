@@ -37,6 +37,22 @@ def test_score_is_the_mean_training_success_past_half_the_budget() -> None:
     assert cell_score(_summary([0.25, 0.75], [1000, 1900]), 1600) == pytest.approx(0.5)
 
 
+def test_a_step_that_pooled_its_siblings_is_scored_on_every_episode_it_generated() -> None:
+    """RTPO's steps record the success over trunks and siblings (``generated_success``); the score and the
+    binomial floor's episode count use it. A step without it (other schedules; RTPO cells made before) keeps its
+    rollout success. Budget 1,600: the steps ending at 900 and 1,700 tokens are late."""
+    def step(tokens: int, trunks: float, pooled: float) -> dict[str, float]:
+        return {"tokens": tokens, "success": trunks, "episodes": 2, "generated_success": pooled,
+                "generated_episodes": 20}
+
+    rtpo = {"train": [step(300, 1.0, 0.1), step(900, 0.0, 0.25), step(1700, 0.5, 0.45)]}
+    assert cell_score(rtpo, 1600) == pytest.approx((0.25 + 0.45) / 2)  # not the trunks' (0.0 + 0.5) / 2
+    assert late_episodes(rtpo, 1600) == 40
+    old = {"train": [{"tokens": 900, "success": 0.0, "episodes": 2, "generated_success": None},
+                     {"tokens": 1700, "success": 0.5, "episodes": 2}]}
+    assert cell_score(old, 1600) == pytest.approx(0.25) and late_episodes(old, 1600) == 4
+
+
 def test_the_best_score_wins_and_a_tie_goes_to_the_smaller_rate() -> None:
     assert choose({5e-6: 0.2, 1e-5: 0.6, 2e-5: 0.4}) == 1e-5
     assert choose({5e-6: 0.5, 1e-5: 0.5, 2e-5: 0.1}) == 5e-6

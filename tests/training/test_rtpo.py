@@ -13,7 +13,7 @@ from agentrl.training.module import AgentRLModule
 from agentrl.training.rtpo import RTPO, _roll_up_depths
 from agentrl.training.settings import PPOSettings
 from agentrl.types import Trajectory
-from tests.training.helpers import fit, letter_data
+from tests.training.helpers import LetterAgent, fit, letter_data
 
 
 class RecordingModule(AgentRLModule):
@@ -128,3 +128,43 @@ def test_depth_roll_up_weights_the_correction_metrics_by_recomputed_tokens() -> 
     assert out["rtpo/trained_depths"] == 3.0
     # shares over the trained depths: the one trained elsewhere counts 0 here, the skipped one not at all
     assert out["train/policy_loss"] == pytest.approx((0.3 + 0.0 + 0.1) / 3)
+
+
+class CoinAgent(LetterAgent):
+    """LetterAgent whose episode succeeds when the last reply's code points sum to an even number: about half the
+    trunks and siblings of a random model win, so a pooled success rate is not trivially 0 or 1."""
+
+    async def run(self, task: Any, llm: Any) -> Any:
+        from agentrl.agents.base import Outcome
+
+        messages = [{"role": "user", "content": task.id}]
+        text = ""
+        for _ in range(self.turns):
+            reply = await llm.chat(messages)
+            text = reply.text
+            llm.reward(0.0)
+            messages += [reply.message(), {"role": "user", "content": "again"}]
+        return Outcome(1.0 if sum(map(ord, text)) % 2 == 0 else 0.0, info={"success": sum(map(ord, text)) % 2 == 0})
+
+
+def test_generated_success_pools_trunks_and_every_sibling() -> None:
+    """``rollout/generated_success`` (the sweep's score) is the success rate over trunks and siblings together,
+    worked out here from the trunks' logged rate and the siblings each depth trained."""
+    import lightning.pytorch as pl
+
+    from agentrl.engines.base import SamplingParams
+    from agentrl.models.policy import Policy
+    from agentrl.training.datamodule import RolloutDataModule
+
+    pl.seed_everything(0, verbose=False)
+    module = RecordingModule(Policy("tiny-random"), RTPO(group_size=3, ppo=PPOSettings(epochs=1)), peak_flops=1e11)
+    fit(module, RolloutDataModule(CoinAgent(), batch_size=4, steps=1, sampling=SamplingParams(max_tokens=6)))
+    m = module.last_metrics
+    trunks_won = m["rollout/success"] * m["rollout/ok_episodes"]
+    siblings = [s for _, sibs, _, _ in module.updates for s in sibs]
+    assert len(siblings) == 3 * 4 * 2  # three depths, four trunks, two siblings each
+    won = trunks_won + sum(s.success for s in siblings)
+    assert m["rollout/generated_episodes"] == 4 + len(siblings)
+    assert m["rollout/generated_success"] == pytest.approx(won / (m["rollout/ok_episodes"] + len(siblings)))
+    assert 0.0 < m["rollout/generated_success"] < 1.0  # the case is not degenerate
+    assert m["rollout/generated_success"] != pytest.approx(m["rollout/success"])  # and differs from trunks alone

@@ -114,6 +114,8 @@ class RTPO(Schedule):
                 sampled_logprobs[k] = learner.logprobs(upfront[k], keys)
         per_depth: list[dict[str, float]] = []
         lags: list[int] = []
+        sibling_success: list[bool] = []  # every sibling episode this step generated (for rollout/generated_*)
+        sibling_count = 0
         for k in reversed(range(depth)):
             learner.step_progress.rtpo_depth(k, depth)
             if self.off_policy_continuation:
@@ -123,6 +125,8 @@ class RTPO(Schedule):
             # versions behind the weights the depth's update starts from, of the siblings' sampled turns (0 when
             # on-policy: `collect` checks every sampled sibling turn against the trainer's version)
             lags += [learner.policy_version - t.policy_version for s in siblings for t in s.turns if not t.forced]
+            sibling_count += len(siblings)
+            sibling_success += [s.success for s in siblings if not s.failed]
             stats, train = self._update_depth(learner, k, siblings, sampled_logprobs.get(k))
             per_depth.append(train)
             metrics.update({f"rtpo/depth{k}/{name}": v for name, v in stats.items()})
@@ -132,6 +136,12 @@ class RTPO(Schedule):
             learner.push_weights()
         metrics.update(_roll_up_depths(per_depth))
         metrics["rtpo/depths"] = float(depth)
+        # success over every episode the step generated, trunks and siblings alike: the learning-rate sweep's score
+        # (benchmarks/learning_sweep.py), which trunks alone leave blind when a step plays few of them
+        generated = [t.success for t in ok] + sibling_success
+        metrics["rollout/generated_episodes"] = float(len(trunks) + sibling_count)
+        if generated:
+            metrics["rollout/generated_success"] = sum(generated) / len(generated)
         if lags:
             metrics["rollout/staleness_mean"] = sum(lags) / len(lags)
             metrics["rollout/staleness_max"] = float(max(lags))
