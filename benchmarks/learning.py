@@ -76,9 +76,17 @@ WARMUPS = {
 
 # per environment, settings a schedule file must not keep there: RTPO's `max_depth: 3` (FrozenLake, GuessNumber)
 # would never train a CreditChain decision that comes after turn 3 (the control puts it last), so RTPO trains
-# every depth there
+# every depth there. The whole-episode schedules' `minibatch_size: 4` counts rows, and CreditChain's summary context
+# makes every turn a row (no prompt extends the last): 8 episodes of D + M turns would take 2(D + M) optimizer steps
+# an update, more the longer the chain, where FrozenLake and GuessNumber take two (a row is an episode there). So
+# they take two minibatches there by count (`ppo.minibatches`), whatever D. RTPO's rows are one depth's siblings,
+# one turn each, on every task: its `minibatch_size: 4` already gives two minibatches of a depth's 8 siblings.
+_TWO_MINIBATCHES = {"model": {"algorithm": {"init_args": {"ppo": {"minibatch_size": None, "minibatches": 2}}}}}
 SCHEDULE_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
     ("creditchain", "rtpo"): {"model": {"algorithm": {"init_args": {"max_depth": None}}}},
+    ("creditchain", "grpo"): _TWO_MINIBATCHES,
+    ("creditchain", "turn_ppo"): _TWO_MINIBATCHES,
+    ("creditchain", "token_ppo"): _TWO_MINIBATCHES,
 }
 
 _KNOBS = {"d": ("distractors", int), "m": ("decisions", int), "n": ("noise", float)}

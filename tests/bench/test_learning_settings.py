@@ -44,10 +44,19 @@ def test_cell_overrides_carry_the_knobs_and_rtpo_trains_every_depth_on_creditcha
                                                                          "order": "decisions_last"}}}}
     assert cell["data"]["seed"] == 3 and cell["model"]["seed"] == 3  # the merge keeps the cell's own keys
     assert cell["model"]["algorithm"] == {"init_args": {"max_depth": None}}
-    grpo = overrides("creditchain-d8-last", "grpo", 3, tmp_path, "sqlite:///x.db", tmp_path)
-    assert "algorithm" not in grpo["model"]
     plain = overrides("frozenlake", "rtpo", 0, tmp_path, "sqlite:///x.db", tmp_path)
     assert "agent" not in plain["data"] and "algorithm" not in plain["model"]
+
+
+@pytest.mark.parametrize("schedule", ["grpo", "turn_ppo", "token_ppo"])
+def test_whole_episode_schedules_take_two_minibatches_by_count_on_creditchain(schedule: str, tmp_path: Path) -> None:
+    """A CreditChain row is a turn (summary context): two minibatches whatever D, not one per 4 turns."""
+    for env in ("creditchain", "creditchain-d8-last"):
+        cell = overrides(env, schedule, 0, tmp_path, "sqlite:///x.db", tmp_path)
+        assert cell["model"]["algorithm"] == {"init_args": {"ppo": {"minibatch_size": None, "minibatches": 2}}}
+        assert cell["model"]["seed"] == 0
+    for env in ("frozenlake", "guess"):  # a row is an episode there: the schedule file's size stands
+        assert "algorithm" not in overrides(env, schedule, 0, tmp_path, "sqlite:///x.db", tmp_path)["model"]
 
 
 def test_a_cell_asked_for_at_the_chosen_lr_is_not_an_earlier_run_at_another(tmp_path: Path) -> None:

@@ -4,15 +4,22 @@ weighting, and scoring without dropout."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 
+from agentrl.agents.env_agent import EnvAgent
 from agentrl.algorithms.losses import token_mean, turn_mean
+from agentrl.engines.base import SamplingParams
+from agentrl.envs import CreditChainEnv
 from agentrl.models.loading import build_tiny_model, build_tiny_tokenizer
 from agentrl.models.policy import Policy
+from agentrl.training.datamodule import RolloutDataModule
 from agentrl.training.rtpo import RTPO
 from agentrl.training.schedules import GRPO, TokenPPO, TurnPPO
-from agentrl.training.settings import PPOSettings
+from agentrl.training.settings import OptimSettings, PPOSettings
+from agentrl.training.update import minibatch_split
 from agentrl.types import Trajectory
 from tests.training.exactness_run import _trajectory, fixed_schedule
 from tests.training.helpers import fit, letter_data, make_module
@@ -113,3 +120,33 @@ def test_scoring_ignores_dropout_in_training_mode(tmp_path: Path) -> None:
     policy.train()  # the control: with dropout on, the same ids score differently
     c = policy.token_logprobs(ids, torch.ones_like(ids), mask).logprobs
     assert not torch.equal(a, c)
+
+
+def test_minibatch_split_by_count_or_by_size_worked_by_hand() -> None:
+    """(rows per minibatch on this rank, minibatches per epoch)."""
+    assert minibatch_split(10, 10, PPOSettings(minibatches=2)) == (5, 2)
+    assert minibatch_split(7, 7, PPOSettings(minibatches=2)) == (4, 2)  # 4 + 3
+    assert minibatch_split(1, 1, PPOSettings(minibatches=2)) == (1, 1)  # never more minibatches than rows
+    assert minibatch_split(3, 10, PPOSettings(minibatches=2)) == (2, 2)  # a smaller rank: the largest's count
+    assert minibatch_split(0, 10, PPOSettings(minibatches=2)) == (1, 2)  # an empty rank still takes every step
+    assert minibatch_split(10, 10, PPOSettings(minibatch_size=4)) == (4, 3)
+    assert minibatch_split(10, 10, PPOSettings()) == (10, 1)
+    with pytest.raises(ValueError, match="ppo.minibatches"):
+        PPOSettings(minibatches=2, minibatch_size=4)
+    with pytest.raises(ValueError, match="ppo.minibatches"):
+        PPOSettings(minibatches=0)
+
+
+@pytest.mark.parametrize(("ppo", "planned"), [({"minibatches": 2}, lambda n: n == 2),
+                                              ({"minibatch_size": 4}, lambda n: n > 2)])
+def test_a_turn_per_row_context_takes_the_minibatch_count_it_is_given(ppo: dict[str, int], planned: Any) -> None:
+    """CreditChain with the summary context (`EnvAgent(history=1)`): no turn's prompt extends the last, so every turn
+    is its own row and ``minibatch_size: 4`` plans one optimizer step per 4 turns (more steps per update the longer
+    the chain); ``minibatches: 2`` plans two, whatever the episode length. Planned = taken + skipped (no signal)."""
+    env = CreditChainEnv(decisions=1, distractors=4, options=2, cues=4, context="summary", prompt_example=True)
+    data = RolloutDataModule(EnvAgent(env, history=1), batch_size=8, steps=1, sampling=SamplingParams(max_tokens=3))
+    module = make_module(GRPO(group_size=4, ppo=PPOSettings(epochs=1, **ppo)), optim=OptimSettings(lr=1e-3))
+    fit(module, data)
+    m = module.last_metrics
+    assert m["rollout/turns"] >= 5.0  # the decision and four distractors at least
+    assert planned(m.get("train/minibatches", 0.0) + m["train/skipped_updates"])

@@ -76,7 +76,12 @@ class PPOSettings:
         clip_low: ε_low (ratio clipped below at 1 − ε_low).
         clip_high: ε_high (ratio clipped above at 1 + ε_high; > ε_low is "clip-higher").
         epochs: Passes over each rollout batch.
-        minibatch_size: Rows (packed sequences) per optimizer step; None takes the whole batch in one step.
+        minibatch_size: Rows (packed sequences) per optimizer step; None takes the whole batch in one step. A row
+            is a whole episode where each turn's prompt extends the last (the full history) and one turn where it
+            does not (``EnvAgent(history=1)``, a summary context), so the same size gives more optimizer steps per
+            update on longer episodes there: ``minibatches`` fixes the count instead.
+        minibatches: Split each update into this many minibatches of about equal rows (fewer if there are fewer
+            rows), whatever a row is; exclusive with ``minibatch_size``. None: ``minibatch_size`` decides.
         log_ratio_clamp: Log-ratios are clamped to ± this before ``exp`` (RTPO: ±10).
         entropy_coef: Entropy bonus coefficient (0 disables; entropy is still logged).
         kl_coef: k3 KL penalty to the reference policy (needs LoRA: the frozen base is the reference).
@@ -119,6 +124,7 @@ class PPOSettings:
     correction_cap: float = 2.0
     target_kl: float | None = None
     lr_reference_samples: int | None = None
+    minibatches: int | None = None
 
     def __post_init__(self) -> None:
         _check_numbers(self, "ppo")
@@ -127,6 +133,9 @@ class PPOSettings:
         _check(self.epochs >= 1, "ppo.epochs", ">= 1", self.epochs)
         _check(self.minibatch_size is None or self.minibatch_size >= 1, "ppo.minibatch_size", ">= 1 or null",
                self.minibatch_size)
+        _check(self.minibatches is None or self.minibatches >= 1, "ppo.minibatches", ">= 1 or null", self.minibatches)
+        _check(self.minibatches is None or self.minibatch_size is None, "ppo.minibatches",
+               "null when ppo.minibatch_size is set (one of the two sizes the minibatches)", self.minibatches)
         _check(self.log_ratio_clamp > 0, "ppo.log_ratio_clamp", "> 0", self.log_ratio_clamp)
         _check(self.entropy_coef >= 0, "ppo.entropy_coef", ">= 0", self.entropy_coef)
         _check(self.kl_coef >= 0, "ppo.kl_coef", ">= 0", self.kl_coef)

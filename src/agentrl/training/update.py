@@ -109,8 +109,7 @@ class PPOUpdate:
         informative = float(distributed.sum_tensor(torch.tensor([float(informative_samples(rows))],
                                                                 dtype=torch.float64), plan.device)[0])
         gen = torch.Generator().manual_seed(derive_seed(self.seed, step, "minibatches", tag))
-        size = ppo.minibatch_size or max(len(rows), 1)
-        n_minibatches = 1 if ppo.minibatch_size is None else -(-most_rows // size)
+        size, n_minibatches = minibatch_split(len(rows), most_rows, ppo)
         totals: dict[str, float] = defaultdict(float)
         start = time.perf_counter()
         for epoch in range(ppo.epochs):
@@ -213,6 +212,19 @@ class PPOUpdate:
         stats["train/optimizer_steps"] = 1.0 if step_policy else 0.0
         stats["train/skipped_updates"] = 0.0 if step_policy else 1.0
         return dict(stats)
+
+
+def minibatch_split(local_rows: int, most_rows: int, ppo: PPOSettings) -> tuple[int, int]:
+    """(rows per minibatch on this rank, minibatches per epoch). The count is the same on every rank (each runs the
+    same optimizer steps): from ``most_rows``, the largest rank's rows. ``ppo.minibatches``: that many (fewer if there
+    are fewer rows), each rank splitting its own rows evenly; ``ppo.minibatch_size``: that many rows per minibatch;
+    neither: one minibatch of every row."""
+    if ppo.minibatches is not None:
+        count = max(1, min(ppo.minibatches, most_rows))
+        return max(1, -(-local_rows // count)), count
+    if ppo.minibatch_size is None:
+        return max(local_rows, 1), 1
+    return ppo.minibatch_size, -(-most_rows // ppo.minibatch_size)
 
 
 def lr_scale_for(informative: float, reference: int | None) -> float:
