@@ -135,7 +135,7 @@ class PPOSettings:
                self.minibatch_size)
         _check(self.minibatches is None or self.minibatches >= 1, "ppo.minibatches", ">= 1 or null", self.minibatches)
         _check(self.minibatches is None or self.minibatch_size is None, "ppo.minibatches",
-               "null when ppo.minibatch_size is set (one of the two sizes the minibatches)", self.minibatches)
+               "null when ppo.minibatch_size is set (set one of the two)", self.minibatches)
         _check(self.log_ratio_clamp > 0, "ppo.log_ratio_clamp", "> 0", self.log_ratio_clamp)
         _check(self.entropy_coef >= 0, "ppo.entropy_coef", ">= 0", self.entropy_coef)
         _check(self.kl_coef >= 0, "ppo.kl_coef", ">= 0", self.kl_coef)
