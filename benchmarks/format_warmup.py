@@ -15,8 +15,9 @@ held-out boards before and after. Deterministic for a given seed on one machine.
 CreditChain (``--env creditchain``): SmolLM2 names a colour in 0-3 % of its replies (docs/benchmarks.md, "Credit
 assignment"). The targets are one uniformly random option word per reply, on episodes of every grid setting
 (M in {1, 3}, D in {0, 4, 8}, decisions first and last), each turn rendered as the learning cells' agent sees it
-(`EnvAgent(history=1)`: the system prompt, the first observation and the last exchange), so one warm-up serves
-every cell of the grid and says nothing about which colour is right for a cue.
+(the full context since 2026-12-03: the whole conversation so far; before, the summary context's
+`EnvAgent(history=1)`), so one warm-up serves every cell of the grid and says nothing about which colour is right
+for a cue.
 
 Example::
 
@@ -54,7 +55,7 @@ def make_env() -> FrozenLakeEnv:
 # CreditChain settings of the learning grid (configs/learning/creditchain.yaml and the cells' overrides)
 CHAIN_SETTINGS = [dict(decisions=m, distractors=d, order=o) for m in (1, 3) for d in (0, 4, 8)
                   for o in ("decisions_first", "decisions_last")]
-CHAIN_BASE = dict(options=2, cues=4, prompt_example=True)
+CHAIN_BASE = dict(options=2, cues=4, prompt_example=True, context="full")
 
 
 def make_chain(setting: dict[str, Any]) -> CreditChainEnv:
@@ -63,12 +64,12 @@ def make_chain(setting: dict[str, Any]) -> CreditChainEnv:
 
 def chain_conversations(n: int, seed: int) -> list[list[dict[str, str]]]:
     """``n`` CreditChain episodes (settings in turn) on training seeds ``0..n-1``, one sample per turn: the prompt
-    `EnvAgent(history=1)` sends and a uniformly random option word as the reply."""
+    the learning cells' `EnvAgent` sends (the context policy's own history) and a uniformly random option word."""
     rng = random.Random(seed)
     out = []
     for episode in range(n):
         env = make_chain(CHAIN_SETTINGS[episode % len(CHAIN_SETTINGS)])
-        agent = EnvAgent(env, history=1)
+        agent = EnvAgent(env, history=env.agent_history)
         system = {"role": "system", "content": env.system_prompt}
         first = {"role": "user", "content": env.reset(episode)}
         exchanges: list[dict[str, str]] = []
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     tok.save_pretrained(str(args.out))
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     environment = ("FrozenLakeEnv(size=2, holes=0, max_turns=6, prompt_example=True)" if args.env == "frozenlake"
-                   else f"CreditChainEnv({CHAIN_BASE}) over {CHAIN_SETTINGS}, EnvAgent(history=1) prompts")
+                   else f"CreditChainEnv({CHAIN_BASE}) over {CHAIN_SETTINGS}, EnvAgent(history=None) prompts")
     report = {"base_model": SMOLLM2, "environment": environment,
               "targets": ("one uniformly random direction word per reply (no information about the right move)"
                           if args.env == "frozenlake" else
@@ -200,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
               "cpu_seconds": cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime,
               "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
               "cpu": cpu_identity()}
+    if args.env == "creditchain":
+        report["context"] = CHAIN_BASE["context"]  # benchmarks/learning.py `WARMUPS` remakes a folder made for another
     (args.out / "warmup.json").write_text(json.dumps(report, indent=1))
     print(f"[warmup] wrote {args.out} in {report['wall_seconds'] / 60:.1f} min", flush=True)
     return 0

@@ -67,11 +67,13 @@ SCHEDULES = ("rtpo", "turn_ppo", "grpo", "token_ppo")
 TARGETS = {"guess": 0.25, "frozenlake": 0.75, "creditchain": 0.9}
 
 
-# environments whose cells start from a warmed-up model folder (the env config names it), made once by a script
-WARMUPS = {
-    "frozenlake": (["format_warmup.py"], ROOT / "checkpoints" / "warmup" / "frozenlake-format"),
+# environments whose cells start from a warmed-up model folder (the env config names it), made once by a script,
+# and what its warmup.json must record to be current (a folder made for the CreditChain summary context, before
+# 2026-12-03, is made again)
+WARMUPS: dict[str, tuple[list[str], Path, dict[str, Any]]] = {
+    "frozenlake": (["format_warmup.py"], ROOT / "checkpoints" / "warmup" / "frozenlake-format", {}),
     "creditchain": (["format_warmup.py", "--env", "creditchain"],
-                    ROOT / "checkpoints" / "warmup" / "creditchain-format"),
+                    ROOT / "checkpoints" / "warmup" / "creditchain-format", {"context": "full"}),
 }
 
 # per environment, settings a schedule file must not keep there: RTPO's `max_depth: 3` (FrozenLake, GuessNumber)
@@ -79,8 +81,10 @@ WARMUPS = {
 # every depth there. The whole-episode schedules' `minibatch_size: 4` counts rows, and CreditChain's summary context
 # makes every turn a row (no prompt extends the last): 8 episodes of D + M turns would take 2(D + M) optimizer steps
 # an update, more the longer the chain, where FrozenLake and GuessNumber take two (a row is an episode there). So
-# they take two minibatches there by count (`ppo.minibatches`), whatever D. RTPO's rows are one depth's siblings,
-# one turn each, on every task: its `minibatch_size: 4` already gives two minibatches of a depth's 8 siblings.
+# they take two minibatches there by count (`ppo.minibatches`), whatever D and whatever the context policy (the grid
+# runs the full context since 2026-12-03, one row an episode, where the count and the size agree). RTPO's rows are
+# one depth's siblings, one turn each, on every task: its `minibatch_size: 4` already gives two minibatches of a
+# depth's 8 siblings.
 _TWO_MINIBATCHES = {"model": {"algorithm": {"init_args": {"ppo": {"minibatch_size": None, "minibatches": 2}}}}}
 SCHEDULE_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
     ("creditchain", "rtpo"): {"model": {"algorithm": {"init_args": {"max_depth": None}}}},
@@ -128,8 +132,13 @@ def ensure_warmup(env: str, out: Path) -> None:
     base, _ = env_setting(env)
     if base not in WARMUPS:
         return
-    script, folder = WARMUPS[base]
-    if not (folder / "warmup.json").exists():
+    script, folder, current = WARMUPS[base]
+    report = json.loads((folder / "warmup.json").read_text()) if (folder / "warmup.json").exists() else None
+    stale = {k: (report.get(k), v) for k, v in current.items() if report is not None and report.get(k) != v}
+    if stale:
+        print(f"[learning] {folder} was made for other settings (recorded, wanted: {stale}); making it again",
+              flush=True)
+    if report is None or stale:
         print(f"[learning] {base}: making the format warm-up model {folder} (once, ~5 min)", flush=True)
         subprocess.run([sys.executable, str(ROOT / "benchmarks" / script[0]), *script[1:], "--out", str(folder)],
                        check=True, cwd=ROOT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch.testing import assert_close
@@ -47,6 +48,29 @@ def test_cues_knob_limits_the_cue_words_and_keeps_the_default_draw() -> None:
     assert len({cue(default, s) for s in range(40)}) > 2
     assert two.metadata()["cues"] == 2
 
+
+
+@pytest.mark.parametrize("cues", range(1, 9))
+@pytest.mark.parametrize("options", range(2, 7))
+def test_no_reply_that_ignores_the_cue_beats_chance_by_more_than_one_cue(cues: int, options: int) -> None:
+    """Each colour is right for cues // K or cues // K + 1 of the cues in play. The learning grid's 4 cues over 2
+    colours once drew red for 3 of them, and "red" at every turn won 75 % of episodes with nothing learned."""
+    env = CreditChainEnv(cues=cues, options=options)
+    assert set(env.rule) == set(CUES[:cues])  # a rule for the cues in play, all of them
+    counts = [list(env.rule.values()).count(word) for word in env.words]
+    assert max(counts) - min(counts) <= 1, counts
+    for seed in range(30):  # and the environment scores by it
+        right = env.right_reply(seed, 0)
+        assert play(env, seed, [right] + ["red"] * env.distractors)[2]["decisions_right"] == 1
+
+
+def test_the_eight_cue_rule_is_the_permutation_mod_k_as_before() -> None:
+    """All eight cues in play: the rule the credit benchmark's committed results were measured under."""
+    for options in (2, 3, 6):
+        perm = np.random.default_rng(0).permutation(len(CUES))
+        before = {cue: ("red", "blue", "green", "yellow", "purple", "orange")[int(perm[i]) % options]
+                  for i, cue in enumerate(CUES)}
+        assert CreditChainEnv(options=options).rule == before
 
 def test_deterministic_for_a_seed_and_cues_vary_across_seeds() -> None:
     env = CreditChainEnv(decisions=2, distractors=3, noise=0.5)

@@ -133,8 +133,7 @@ class CreditChainEnv(EpisodeSnapshots):
         self.words = COLOURS[:options]
         self.prompt_example = prompt_example
         self.max_turns = decisions + distractors + spare_turns
-        perm = np.random.default_rng(rule_seed).permutation(len(CUES))
-        self.rule = {cue: self.words[int(perm[i]) % options] for i, cue in enumerate(CUES)}
+        self.rule = balanced_rule(rule_seed, cues, self.words)
         self._pattern = re.compile(r"\b(" + "|".join(self.words) + r")\b", re.IGNORECASE)
         n = decisions + distractors
         self.system_prompt = (
@@ -252,6 +251,20 @@ class CreditChainEnv(EpisodeSnapshots):
             return body
         done = ", ".join(state.answers) if state.answers else "none"
         return f"{body}\n(Step {state.step + 1} of {n}; cues answered: {done}.)"
+
+def balanced_rule(rule_seed: int, cues: int, words: tuple[str, ...]) -> dict[str, str]:
+    """The cue → right colour rule over the first ``cues`` cue words: each colour is right for ``cues // K`` or
+    ``cues // K + 1`` of them, so no reply that ignores the cue beats chance by more than one cue's share.
+
+    A random permutation of all eight cues ranks the cues in play; a cue's colour is its rank mod K. With all eight
+    cues in play the rank is the permutation itself, the rule before 2026-12-03. Before then a subset kept the
+    eight-cue colours, and the learning grid's 4 cues over 2 colours drew red for 3 of them: "red" at every turn
+    won 75 % of episodes with no credit to assign (docs/benchmarks.md, "Credit assignment").
+    """
+    perm = np.random.default_rng(rule_seed).permutation(len(CUES))[:cues]
+    ranks = np.argsort(np.argsort(perm))
+    return {CUES[i]: words[int(ranks[i]) % len(words)] for i in range(cues)}
+
 
 def _draw_cues(seed: int, decisions: int, cues: int) -> tuple[int, ...]:
     rng = np.random.default_rng(seed)
