@@ -1,0 +1,159 @@
+"""The CreditChain learning grid across its settings: held-out success against D, per schedule, with the bar a
+policy that ignores the cue would reach.
+
+`benchmarks/learning.py` runs and reports one setting at a time (``<out>/<setting>/table.md``); this reads the
+finished cells of every setting named and writes ``<out>/creditchain-grid/``:
+
+* ``table.md`` / ``table.json``: per (setting, schedule) the seeds, held-out success base → final (mean ± sd over
+  seeds, min-max), the gain, the greedy final, CPU-minutes, and the **cue-blind bar**: the best held-out success a
+  policy reaches that replies the same colour at each decision position whatever the cue (computed from the
+  environment on the held-out seeds; on M = 1 it is the held-out share of the more frequent right colour). Above
+  the bar a policy has learned something of the rule; at or below it, nothing a cue-blind reply would not give.
+* ``success_vs_d.png``: final held-out success against D for the decisions-first M = 1 settings, mean and min-max
+  over seeds, one line per schedule, the bar dashed; the other settings (M = 3, the control, noise) as points.
+
+Example::
+
+    python benchmarks/credit_grid.py --settings creditchain-d0 creditchain creditchain-d8 creditchain-m3-d4 \\
+        creditchain-d8-last creditchain-d4-n0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import yaml
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learning import CONFIGS, SCHEDULES, env_setting
+from learning_report import COLORS
+
+from agentrl.envs import CreditChainEnv
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL_OFFSET = 1_000_000  # the datamodule's held-out seeds (`SeedTasks(offset=1_000_000)`)
+
+
+def setting_env(setting: str) -> CreditChainEnv:
+    """The cell's environment: configs/learning/creditchain.yaml's env with the setting's knobs over it."""
+    base, knobs = env_setting(setting)
+    config = yaml.safe_load((CONFIGS / f"{base}.yaml").read_text())
+    init = dict(config["data"]["agent"]["init_args"]["env"]["init_args"])
+    return CreditChainEnv(**{**init, **knobs})
+
+
+def held_out_episodes(setting: str) -> int:
+    config = yaml.safe_load((CONFIGS / f"{env_setting(setting)[0]}.yaml").read_text())
+    return int(config["data"]["eval_episodes"])
+
+
+def cue_blind_bar(env: CreditChainEnv, seeds: list[int]) -> float:
+    """The best success over ``seeds`` of a reply that fixes one colour per decision position, blind to the cue."""
+    right = [[env.right_reply(s, j) for j in range(env.decisions)] for s in seeds]
+    best = 0.0
+    for replies in itertools.product(env.words, repeat=env.decisions):
+        best = max(best, statistics.fmean(list(replies) == r for r in right))
+    return best
+
+
+def _stats(xs: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+            "min": min(xs), "max": max(xs)}
+
+
+def grid_rows(out: Path, settings: list[str], schedules: list[str], seeds: list[int]) -> list[dict[str, Any]]:
+    rows = []
+    for setting in settings:
+        env = setting_env(setting)
+        bar = cue_blind_bar(env, [EVAL_OFFSET + i for i in range(held_out_episodes(setting))])
+        for schedule in schedules:
+            cells = [json.loads(f.read_text()) for k in seeds
+                     if (f := out / setting / schedule / f"seed{k}" / "summary.json").exists()]
+            if not cells:
+                continue
+            base = [c["evals"][0]["success"] for c in cells]
+            final = [c["evals"][-1]["success"] for c in cells]
+            rows.append({
+                "setting": setting, "decisions": env.decisions, "distractors": env.distractors, "order": env.order,
+                "noise": env.noise, "schedule": schedule, "seeds": [int(c["seed"]) for c in cells],
+                "lr": cells[0].get("lr"), "cue_blind_bar": bar, "base": _stats(base), "final": _stats(final),
+                "gain": _stats([f - b for f, b in zip(final, base, strict=True)]),
+                "above_bar": sum(f > bar for f in final),
+                "greedy_final": _stats([c["evals"][-1]["greedy_success"] for c in cells]),
+                "cpu_minutes": _stats([float(c["cpu_seconds"]) / 60 for c in cells]),
+            })
+    return rows
+
+
+def write(out: Path, rows: list[dict[str, Any]]) -> Path:
+    folder = out / "creditchain-grid"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "table.json").write_text(json.dumps(rows, indent=1))
+    lines = ["| setting | schedule | lr | seeds | cue-blind bar | held-out base → final, mean ± sd (min-max) | gain | "
+             "seeds above the bar | greedy final | CPU-min a cell |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        f = r["final"]
+        lines.append(
+            f"| {r['setting']} | {r['schedule']} | {r['lr']} | {len(r['seeds'])} | {r['cue_blind_bar']:.3f} | "
+            f"{r['base']['mean']:.3f} → {f['mean']:.3f} ± {f['sd']:.3f} ({f['min']:.3f}-{f['max']:.3f}) | "
+            f"{r['gain']['mean']:+.3f} ± {r['gain']['sd']:.3f} | {r['above_bar']} of {len(r['seeds'])} | "
+            f"{r['greedy_final']['mean']:.3f} | {r['cpu_minutes']['mean']:.1f} |")
+    (folder / "table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    main = [r for r in rows if r["decisions"] == 1 and r["order"] == "decisions_first" and r["noise"] == 0.0]
+    for s in dict.fromkeys(r["schedule"] for r in rows):
+        line = sorted((r for r in main if r["schedule"] == s), key=lambda r: r["distractors"])
+        if line:
+            d = [r["distractors"] for r in line]
+            ax.plot(d, [r["final"]["mean"] for r in line], "o-", color=COLORS.get(s, "k"), label=s)
+            ax.fill_between(d, [r["final"]["min"] for r in line], [r["final"]["max"] for r in line],
+                            color=COLORS.get(s, "k"), alpha=0.12)
+        for r in rows:
+            if r["schedule"] == s and r not in main:
+                ax.plot([r["distractors"]], [r["final"]["mean"]], "x", color=COLORS.get(s, "k"), ms=8)
+                ax.annotate(r["setting"].removeprefix("creditchain-"), (r["distractors"], r["final"]["mean"]),
+                            fontsize=6, xytext=(3, 3), textcoords="offset points")
+    bars = sorted({(r["distractors"], r["cue_blind_bar"]) for r in main})
+    if bars:
+        ax.plot([d for d, _ in bars], [b for _, b in bars], "k--", lw=1, label="cue-blind bar")
+    ax.set_xlabel("D, distractor turns after the decision")
+    ax.set_ylabel("final held-out success (32 games)")
+    ax.set_title("CreditChain: final held-out success vs D (mean, min-max over seeds; x: other settings)")
+    ax.title.set_fontsize(8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(folder / "success_vs_d.png", dpi=110)
+    plt.close(fig)
+    return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--settings", nargs="+", default=["creditchain-d0", "creditchain", "creditchain-d8",
+                                                     "creditchain-m3-d4", "creditchain-d8-last",
+                                                     "creditchain-d4-n0.5"])
+    p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
+    args = p.parse_args(argv)
+    rows = grid_rows(args.out, args.settings, args.schedules, args.seeds)
+    if not rows:
+        print(f"[credit_grid] no finished cells under {args.out} for {args.settings}")
+        return 1
+    write(args.out, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""The CreditChain grid report (benchmarks/credit_grid.py): the cue-blind bar and the rows, worked out by hand."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from credit_grid import cue_blind_bar, grid_rows, setting_env, write
+
+from agentrl.envs import CreditChainEnv
+
+
+def seeds_with(env: CreditChainEnv, colours: list[str]) -> list[int]:
+    """One seed (from 0 up, unused before) whose single decision's right colour is each of ``colours`` in turn."""
+    out: list[int] = []
+    for colour in colours:
+        out.append(next(s for s in range(10_000) if s not in out and env.right_reply(s, 0) == colour))
+    return out
+
+
+def test_cue_blind_bar_on_one_decision_is_the_share_of_the_commoner_right_colour() -> None:
+    env = CreditChainEnv(decisions=1, cues=4)
+    assert cue_blind_bar(env, seeds_with(env, ["red", "red", "red", "blue"])) == 0.75
+    assert cue_blind_bar(env, seeds_with(env, ["red", "blue", "blue", "red"])) == 0.5
+    assert cue_blind_bar(env, seeds_with(env, ["blue"] * 5)) == 1.0
+
+
+def test_cue_blind_bar_on_three_decisions_is_the_commonest_right_sequence() -> None:
+    env = CreditChainEnv(decisions=3, cues=4)
+    seeds = list(range(40))
+    common = Counter(tuple(env.right_reply(s, j) for j in range(3)) for s in seeds).most_common(1)[0][1]
+    assert cue_blind_bar(env, seeds) == common / 40
+    assert common / 40 < 0.5  # three decisions: a fixed reply sequence is right for few episodes
+
+
+def summary(seed: int, base: float, final: float, greedy: float) -> dict:  # type: ignore[type-arg]
+    return {"seed": str(seed), "lr": 1e-05, "cpu_seconds": 120.0 * (seed + 1),
+            "evals": [{"tokens": 0, "success": base, "greedy_success": 0.0},
+                      {"tokens": 3000, "success": final, "greedy_success": greedy}]}
+
+
+def test_rows_and_table_from_finished_cells(tmp_path: Path) -> None:
+    for seed, (base, final, greedy) in enumerate([(0.5, 0.75, 1.0), (0.5, 0.5, 0.5), (0.625, 1.0, 1.0)]):
+        cell = tmp_path / "creditchain-d8" / "grpo" / f"seed{seed}"
+        cell.mkdir(parents=True)
+        (cell / "summary.json").write_text(json.dumps(summary(seed, base, final, greedy)))
+    rows = grid_rows(tmp_path, ["creditchain-d8", "creditchain-d0"], ["grpo", "rtpo"], [0, 1, 2, 3])
+    assert len(rows) == 1  # the cells that exist, nothing invented for the rest
+    r = rows[0]
+    assert (r["distractors"], r["decisions"], r["order"], r["seeds"]) == (8, 1, "decisions_first", [0, 1, 2])
+    assert r["final"]["mean"] == pytest.approx(0.75) and r["final"]["sd"] == pytest.approx(0.25)
+    assert r["gain"]["mean"] == pytest.approx((0.25 + 0.0 + 0.375) / 3)
+    assert (r["final"]["min"], r["final"]["max"]) == (0.5, 1.0)
+    assert r["cpu_minutes"]["mean"] == pytest.approx(4.0)
+    env = setting_env("creditchain-d8")
+    assert env.distractors == 8 and env.cues == 4 and env.context == "full"
+    assert r["above_bar"] == sum(f > r["cue_blind_bar"] for f in (0.75, 0.5, 1.0))
+    folder = write(tmp_path, rows)
+    table = (folder / "table.md").read_text()
+    assert "| creditchain-d8 | grpo | 1e-05 | 3 |" in table and "0.750 ± 0.250 (0.500-1.000)" in table
+    assert (folder / "success_vs_d.png").stat().st_size > 0
