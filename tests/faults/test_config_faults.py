@@ -18,6 +18,9 @@ from typing import Any
 
 import pytest
 
+# one worker runs every case through `agentrl fit` once (the module fixture `results`), not each worker
+pytestmark = pytest.mark.xdist_group("config_faults")
+
 ROOT = Path(__file__).resolve().parents[2]
 RTPO = str(ROOT / "configs/smoke/rtpo.yaml")
 GRPO = str(ROOT / "configs/smoke/grpo.yaml")

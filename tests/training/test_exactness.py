@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -117,70 +120,66 @@ FSDP2 = ["--trainer.devices", "2", "--trainer.strategy", "lightning.pytorch.stra
          "--trainer.strategy.data_parallel_size", "2", "--trainer.strategy.tensor_parallel_size", "1"]
 
 
-@pytest.mark.slow
-def test_sharded_fit_checkpoints_and_resumes(tmp_path: Path) -> None:
-    """``agentrl fit`` on the RTPO smoke config with FSDP2 on two CPU ranks: killed hard during step 3, it resumes
-    from the sharded checkpoint of step 2 and finishes, making the same step 3 as before the kill."""
-    import signal
-
-    args = ["--config", str(ROOT / "configs/smoke/rtpo.yaml"), *FSDP2, "--data.steps", "4", "--data.eval_episodes", "2"]
+def _launch(cwd: Path, args: list[str], marker: str | None, on_marker: Callable[[subprocess.Popen[str]], None],
+            timeout: int = 300) -> str:
+    """``agentrl fit *args`` on its own process group; ``on_marker(proc)`` at the first line starting with
+    ``marker``; the whole output. Fails the test past ``timeout`` seconds (the group killed)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "agentrl.cli", "fit", *args]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    assert proc.stdout is not None
-    before, lines = "", []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("step 3/4"):
-            before = line
-            os.killpg(proc.pid, signal.SIGKILL)  # both ranks, no chance to save
-            break
-    proc.wait(timeout=60)
-    assert before, "the run did not reach step 3"
-    ckpt = tmp_path / "checkpoints/smoke/last.ckpt"
-    assert ckpt.is_dir() and any(ckpt.glob("*.distcp"))  # a sharded (distributed) checkpoint
-    assert torch.load(ckpt / "meta.pt", weights_only=True)["agentrl"]["rl_step"] == 2
-    resumed = subprocess.run([*cmd, "--ckpt_path", "last"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                             timeout=600)
-    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
-    assert "resumed at step 2" in resumed.stdout
-    base = "[agentrl] base evaluation"
-    assert any(line.startswith(base) for line in lines) and base not in resumed.stdout  # the base model only once
-    after = next(line for line in resumed.stdout.splitlines() if line.startswith("step 3/4"))
-    assert after.split()[:6] == before.split()[:6]  # same reward and success: the restored weights are the same
-    assert torch.load(ckpt / "meta.pt", weights_only=True)["agentrl"]["rl_step"] == 4
-
-
-@pytest.mark.slow
-def test_sigterm_stops_a_sharded_two_rank_run_at_a_step_boundary(tmp_path: Path) -> None:
-    """SIGTERM to the launching rank only (what a scheduler or ``kill`` sends): both ranks finish the same step,
-    save one sharded checkpoint and exit 0. Before agentrl replaced Lightning's SIGTERM handler for the training
-    loop, this run hung (Lightning's handler broadcasts from inside the signal handler)."""
-    import re
-    import signal
-
-    args = ["--config", str(ROOT / "configs/smoke/rtpo.yaml"), *FSDP2, "--data.steps", "6"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "fit", *args], cwd=tmp_path, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "fit", *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     assert proc.stdout is not None
     lines = []
     for line in proc.stdout:
         lines.append(line)
-        if line.startswith("step 1/6"):
-            proc.send_signal(signal.SIGTERM)  # rank 0 only; rank 1 learns of it through the step's collective
+        if marker is not None and line.startswith(marker):
+            on_marker(proc)
             break
     try:
-        rest = proc.communicate(timeout=180)[0]
+        rest = proc.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("the two-rank run did not stop within 180 s of SIGTERM:\n" + "".join(lines)[-3000:])
-    out = "".join(lines) + rest
-    assert proc.returncode == 0, out[-3000:]
-    stopped = re.search(r"stopped after step (\d)", out)
-    assert stopped, out[-3000:]
-    step = int(stopped.group(1))
-    assert 1 <= step < 6 and f"step {step + 1}/6" not in out
-    meta = torch.load(tmp_path / "checkpoints/smoke/last.ckpt" / "meta.pt", weights_only=True)
-    assert meta["agentrl"]["rl_step"] == step  # the checkpoint of the step both ranks stopped after
+        pytest.fail(f"the two-rank run did not end within {timeout} s:\n" + "".join(lines)[-3000:])
+    return "".join(lines) + rest
+
+
+@pytest.mark.slow
+def test_sharded_run_stops_on_sigterm_survives_a_kill_and_resumes(tmp_path: Path) -> None:
+    """``agentrl fit`` on the RTPO smoke config with FSDP2 on two CPU ranks, launched three times in one folder:
+
+    1. SIGTERM to the launching rank only (what a scheduler or ``kill`` sends) after step 1: both ranks finish the
+       same step k, save one sharded checkpoint and exit 0. Before agentrl replaced Lightning's SIGTERM handler for
+       the training loop, this run hung (Lightning's handler broadcasts from inside the signal handler).
+    2. ``--ckpt_path last`` resumes at k and is killed hard during step k + 2 (both ranks, no chance to save): the
+       periodic sharded checkpoint of step k + 1 is what is left.
+    3. Resumed again, it finishes, making the same step k + 2 as before the kill (the restored weights are the
+       same), and the base model was evaluated only by the first launch."""
+    ckpt = tmp_path / "checkpoints/smoke/last.ckpt"
+    args = ["--config", str(ROOT / "configs/smoke/rtpo.yaml"), *FSDP2, "--data.steps", "5",
+            "--data.eval_episodes", "2"]
+    # rank 0 only; rank 1 learns of it through the step's collective
+    first = _launch(tmp_path, args, "step 1/5", lambda proc: proc.send_signal(signal.SIGTERM), timeout=180)
+    stopped = re.search(r"stopped after step (\d)", first)
+    assert stopped, first[-3000:]
+    k = int(stopped.group(1))
+    assert 1 <= k <= 3 and f"step {k + 1}/5" not in first, first[-3000:]
+    assert ckpt.is_dir() and any(ckpt.glob("*.distcp"))  # a sharded (distributed) checkpoint
+    assert torch.load(ckpt / "meta.pt", weights_only=True)["agentrl"]["rl_step"] == k  # the step both stopped after
+
+    def kill(proc: subprocess.Popen[str]) -> None:
+        os.killpg(proc.pid, signal.SIGKILL)  # both ranks
+
+    killed = _launch(tmp_path, [*args, "--ckpt_path", "last"], f"step {k + 2}/5", kill)
+    assert f"resumed at step {k}" in killed, killed[-3000:]
+    before = next(line for line in killed.splitlines() if line.startswith(f"step {k + 2}/5"))
+    assert torch.load(ckpt / "meta.pt", weights_only=True)["agentrl"]["rl_step"] == k + 1
+
+    resumed = subprocess.run([sys.executable, "-m", "agentrl.cli", "fit", *args, "--ckpt_path", "last"], cwd=tmp_path,
+                             env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    assert f"resumed at step {k + 1}" in resumed.stdout
+    base = "[agentrl] base evaluation"
+    assert any(line.startswith(base) for line in first.splitlines())
+    assert base not in killed and base not in resumed.stdout  # the base model only once
+    after = next(line for line in resumed.stdout.splitlines() if line.startswith(f"step {k + 2}/5"))
+    assert after.split()[:6] == before.split()[:6]  # same reward and success: the restored weights are the same
+    assert torch.load(ckpt / "meta.pt", weights_only=True)["agentrl"]["rl_step"] == 5

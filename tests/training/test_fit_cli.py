@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.fit_runs import logged_steps, mlflow_runs
 from tests.training.helpers import fit_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
-SMOKE = ["grpo", "turn_ppo", "token_ppo", "rtpo"]
+SMOKE = ["grpo", "turn_ppo", "token_ppo"]  # and rtpo: test_fit_output.py runs its smoke config and checks it here
 
 
 def _fit(cwd: Path, *args: str, timeout: int = 300, verbose: bool = False) -> subprocess.CompletedProcess[str]:
@@ -37,6 +38,12 @@ def test_smoke_config_trains_end_to_end(tmp_path: Path, name: str) -> None:
     proc = _fit(tmp_path, "--config", str(ROOT / f"configs/smoke/{name}.yaml"),
                 "--tracking.final_model_min_steps", "0")  # a 3-step run: no final model by default
     assert proc.returncode == 0, proc.stderr[-3000:]
+    check_smoke_run(tmp_path, name)
+
+
+def check_smoke_run(tmp_path: Path, name: str) -> None:
+    """A finished 3-step smoke run of schedule `name` in `tmp_path`: its checkpoint, trained weights, metrics,
+    parameters and review artifacts. RTPO's smoke run is the one `test_fit_output.py` reads the output of."""
     ckpt = tmp_path / "checkpoints/smoke/last.ckpt"
     state = torch.load(ckpt, weights_only=True, map_location="cpu")
     assert state["agentrl"]["rl_step"] == 3
@@ -103,9 +110,16 @@ def test_stop_and_resume_reproduce_the_uninterrupted_run(tmp_path: Path) -> None
     assert proc.returncode == 0, out[-2000:]
     stopped = torch.load(part / "checkpoints/smoke/last.ckpt", weights_only=True)["agentrl"]["rl_step"]
     assert 2 <= stopped < 6
+    db = part / "mlflow.db"
+    ((run_id, status),) = mlflow_runs(db)
+    assert status == "KILLED", status  # stopped on request after a checkpoint: resumable, not a failure
+    assert logged_steps(db, "rollout/reward") == list(range(stopped))
     resumed = _fit(part, "--config", config, *steps, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed at step " in resumed.stdout
+    # the resume continues the same MLflow run (tracking fault item 8): one training run, one run, whole history
+    assert mlflow_runs(db) == [(run_id, "FINISHED")]
+    assert logged_steps(db, "rollout/reward") == logged_steps(db, "train/policy_loss") == list(range(6))
     for key in ("rollout/reward", "train/policy_loss", "train/value_loss", "perf/generated_tokens"):
         a, b = _metrics(full / "mlflow.db", key), _metrics(part / "mlflow.db", key)
         assert sorted(a) == sorted(b) == list(range(6)), key

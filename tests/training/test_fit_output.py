@@ -13,6 +13,7 @@ import pytest
 
 from agentrl.training.keys import normalize_argv
 from tests.training.helpers import fit_in_process
+from tests.training.test_fit_cli import check_smoke_run
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = str(ROOT / "configs/smoke/rtpo.yaml")
@@ -63,6 +64,7 @@ def test_smoke_run_shows_its_run_steps_and_summary_and_nothing_else(tmp_path: Pa
     assert f"(id {run_id})" in summary and summary.count(f"mlflow ui --backend-store-uri {uri}") == 1
     for noise in NOISE:
         assert noise not in out, noise
+    check_smoke_run(tmp_path, "rtpo")  # and what test_fit_cli.py checks on the other schedules' smoke runs
 
 
 @pytest.mark.slow
