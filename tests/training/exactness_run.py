@@ -8,6 +8,7 @@ fixed batch of this rank (rollouts are not under test here, and sampled ones wou
 ``--rollouts`` runs real rollouts instead and writes each rank's episode rewards and the logged step metrics.
 
     python -m tests.training.exactness_run --schedule grpo --devices 2 --out /tmp/x.pt
+    python -m tests.training.exactness_run --schedule all --devices 2 --strategy fsdp --out /tmp/x
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ SCHEDULES = {"grpo": GRPO, "turn_ppo": TurnPPO, "token_ppo": TokenPPO, "rtpo": R
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--schedule", choices=[*sorted(SCHEDULES), "all"], required=True,
-                    help="'all' (one process only): every schedule in turn, into <out>.<schedule>.pt")
+                    help="'all': every schedule in turn, into <out>.<schedule>.pt, then the mismatch runs into "
+                         "<out>.<schedule>.mismatch.pt (one interpreter start, one process group, for all of them)")
     ap.add_argument("--devices", type=int, default=1)
     ap.add_argument("--strategy", default="ddp")
     ap.add_argument("--rollouts", action="store_true")
@@ -154,13 +156,13 @@ def main() -> None:
                     help="behaviour log-probs that differ from the trainer's: π_old recomputed, TIS-corrected")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    if args.schedule == "all":  # the one-process references, one interpreter start for all four
-        if args.devices != 1:
-            raise SystemExit("--schedule all runs on one process only")
+    if args.schedule == "all":  # a Trainer per run; the ranks' process group outlives them
+        if args.rollouts:
+            raise SystemExit("--schedule all runs the fixed trajectories only")
         for name in sorted(SCHEDULES):
-            run(name, 1, args.strategy, args.rollouts, Path(f"{args.out}.{name}.pt"))
+            run(name, args.devices, args.strategy, False, Path(f"{args.out}.{name}.pt"))
         for name in MISMATCH_SCHEDULES:
-            run(name, 1, args.strategy, args.rollouts, Path(f"{args.out}.{name}.mismatch.pt"), mismatch=True)
+            run(name, args.devices, args.strategy, False, Path(f"{args.out}.{name}.mismatch.pt"), mismatch=True)
         return
     run(args.schedule, args.devices, args.strategy, args.rollouts, args.out, mismatch=args.mismatch)
 
@@ -200,7 +202,8 @@ def run(name: str, devices: int, strategy: str, rollouts: bool, out: Path, *, mi
     params = {n: _full(p.detach()) for n, p in module.named_parameters() if p.requires_grad}  # collective
     if rank == 0:
         params = {n: p.detach().clone() for n, p in params.items()}
-        torch.save({"grads": grads.grads, "params": params, "metrics": module.last_metrics}, out)
+        torch.save({"grads": grads.grads, "params": params, "metrics": module.last_metrics,
+                    "world_size": trainer.world_size, "strategy": type(trainer.strategy).__name__}, out)
 
 
 if __name__ == "__main__":

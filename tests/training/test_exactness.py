@@ -32,27 +32,32 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def _step(tmp_path: Path, schedule: str, devices: int, strategy: str = "ddp", *,
-          mismatch: bool = False) -> dict[str, object]:
-    out = tmp_path / f"{schedule}-{devices}-{strategy}.pt"
-    _run(tmp_path, "--schedule", schedule, "--devices", str(devices), "--strategy", strategy, "--out", str(out),
-         *(["--mismatch"] if mismatch else []))
-    return torch.load(out, weights_only=True)  # type: ignore[no-any-return]
+_RUNS: dict[tuple[int, str], dict[str, dict[str, object]]] = {}
 
 
-_ONE_PROCESS: dict[str, dict[str, object]] = {}
+def _updates(tmp_path: Path, devices: int, strategy: str, schedule: str) -> dict[str, object]:
+    """One step of ``schedule`` ("turn_ppo", or "turn_ppo.mismatch" for the shifted behaviour log-probs) on
+    ``devices`` ranks. Every schedule's run, the mismatch runs too, is made in one launch per (devices, strategy)
+    on first use: one interpreter start and one process group instead of one per test."""
+    key = (devices, "one" if devices == 1 else strategy)
+    if key not in _RUNS:
+        out = tmp_path / f"{key[0]}-{key[1]}"
+        _run(tmp_path, "--schedule", "all", "--devices", str(devices), "--strategy", strategy, "--out", str(out))
+        _RUNS[key] = {name: torch.load(f"{out}.{name}.pt", weights_only=True)
+                      for name in ("grpo", "turn_ppo", "token_ppo", "rtpo", "turn_ppo.mismatch", "rtpo.mismatch")}
+        strategy_class = {"one": "SingleDeviceStrategy", "ddp": "DDPStrategy", "fsdp": "ModelParallelStrategy"}
+        for record in _RUNS[key].values():  # each run was made where it says: not one process standing in for two
+            assert (record["world_size"], record["strategy"]) == (devices, strategy_class[key[1]])
+    return _RUNS[key][schedule]
 
 
 def _one_process(tmp_path: Path, schedule: str) -> dict[str, object]:
-    """The one-process reference of every schedule, computed in one interpreter start on first use."""
-    if not _ONE_PROCESS:
-        out = tmp_path / "one-process"
-        _run(tmp_path, "--schedule", "all", "--devices", "1", "--out", str(out))
-        for name in ("grpo", "turn_ppo", "token_ppo", "rtpo"):
-            _ONE_PROCESS[name] = torch.load(f"{out}.{name}.pt", weights_only=True)
-        for name in ("turn_ppo", "rtpo"):
-            _ONE_PROCESS[f"{name}.mismatch"] = torch.load(f"{out}.{name}.mismatch.pt", weights_only=True)
-    return _ONE_PROCESS[schedule]
+    return _updates(tmp_path, 1, "ddp", schedule)
+
+
+def _step(tmp_path: Path, schedule: str, devices: int, strategy: str = "ddp", *,
+          mismatch: bool = False) -> dict[str, object]:
+    return _updates(tmp_path, devices, strategy, f"{schedule}.mismatch" if mismatch else schedule)
 
 
 def _assert_same_update(one: dict[str, object], two: dict[str, object], steps: int) -> None:
@@ -67,7 +72,7 @@ def _assert_same_update(one: dict[str, object], two: dict[str, object], steps: i
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("exactness")  # one worker computes the one-process references once (`_one_process`)
+@pytest.mark.xdist_group("exactness")  # one worker makes each launch once (`_updates`)
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 @pytest.mark.parametrize("schedule", ["grpo", "turn_ppo", "token_ppo", "rtpo"])
 def test_two_ranks_make_the_one_process_update(tmp_path: Path, schedule: str, strategy: str) -> None:
