@@ -51,3 +51,37 @@ def test_a_non_finite_row_fails_alone(bad: float) -> None:
     assert isinstance(out.errors[1], ValueError) and out.errors[0] is None and out.errors[2] is None
     assert [out.tokens[0], out.tokens[2]] == [alone[0].tokens[0], alone[1].tokens[0]]
     assert all(math.isfinite(out.logprobs[i]) for i in (0, 2))
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_threaded_draws_equal_the_serial_loop(threads: int) -> None:
+    """The rows' exponentials split over threads are the serial loop's numbers, and every generator ends in the
+    serial loop's state (each generator stays on one thread; no row is drawn twice or skipped)."""
+    from agentrl.engines.sampling import draw_exponentials
+
+    serial = [(torch.ones(5000), torch.Generator().manual_seed(i)) for i in range(11)]
+    split = [(torch.ones(5000), torch.Generator().manual_seed(i)) for i in range(11)]
+    for _ in range(3):
+        draw_exponentials(serial, threads=1)
+        draw_exponentials(split, threads=threads)
+        for (a, ga), (b, gb) in zip(serial, split, strict=True):
+            assert torch.equal(a, b)
+            assert torch.equal(ga.get_state(), gb.get_state())
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_a_wide_batch_samples_as_per_row_multinomial(inference: bool) -> None:
+    """A 16-row batch (the threaded path of `draw_exponentials` at its default) gives the per-row tokens, also
+    under inference mode, as the engine samples (the worker threads must take the caller's mode: inference
+    tensors cannot be filled in place outside it)."""
+    logits = torch.randn(16, 4000, generator=torch.Generator().manual_seed(3)) * 3
+    rows = [RowSampling(1.0, 0, 1.0, torch.Generator().manual_seed(i)) for i in range(16)]
+    refs = [RowSampling(1.0, 0, 1.0, torch.Generator().manual_seed(i)) for i in range(16)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the draws follow torch's thread count
+    try:
+        with torch.inference_mode(inference):
+            got = sample_rows(logits.clone(), rows)
+    finally:
+        torch.set_num_threads(threads)
+    assert got.tokens == [_reference(logits[i], r)[0] for i, r in enumerate(refs)]
