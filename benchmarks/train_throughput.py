@@ -69,12 +69,13 @@ class TimedUpdates(Schedule):
         targets = {(b, t.index): TurnTargets(float(torch.randn(1, generator=g)))
                    for b, tr in enumerate(self.trajectories) for t in tr.turns}
         for _ in range(self.repeats + 1):  # the first update warms up allocators
-            module._step_stats.clear()
+            module.ppo_update.take_costs()
             start = time.perf_counter()
             module.update(self.trajectories, targets, self.ppo)
             self.seconds.append(time.perf_counter() - start)
-            self.tokens.append(module._step_stats["train_tokens"])
-            self.scored.append(module._step_stats["scored_tokens"])
+            costs = module.ppo_update.take_costs()
+            self.tokens.append(costs["train_tokens"])
+            self.scored.append(costs["scored_tokens"])
         return {}
 
 
