@@ -121,6 +121,34 @@ def test_auto_follows_the_cpu_rule_and_the_width_floor(monkeypatch: pytest.Monke
     assert resolve_decode_dtype("bfloat16", policy).dtype == torch.bfloat16  # explicit: preflight judges it
 
 
+def test_weights_auto_copies_exactly_where_the_copy_decodes_cheaper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default ``weights: auto``: a bf16 copy where ``decode_dtype`` resolves to bf16 (native bf16 and a wide
+    enough model), the policy's own modules where it would be an fp32 copy (a tiny model, a CPU without native
+    bf16, an explicit fp32) or where the engine decodes under the policy's autocast; and the trainer recomputes
+    π_old exactly when the copy is made. Data-parallel overlap (``max_staleness >= 1``) resolves it to a copy."""
+    from agentrl.training.async_collect import check_async
+
+    policy = Policy("tiny-random", seed=0)
+    assert HFEngineSpec().weights == "auto"
+    assert HFEngineSpec().weights_for(policy) == "shared"  # hidden size 64 < MIN_WIDTH: fp32
+    assert not HFEngineSpec().build(policy).weights.holds_copy  # type: ignore[attr-defined]
+    monkeypatch.setattr(precision, "MIN_WIDTH", 16)
+    monkeypatch.setattr(precision, "cpu_bf16_support", lambda: precision.Bf16Support(True, "CPU X has avx512_bf16"))
+    spec = HFEngineSpec()
+    assert spec.weights_for(policy) == "copy" and spec.decode_dtype_for(policy) == torch.bfloat16
+    engine = spec.build(policy)
+    assert engine.weights.holds_copy and engine.weights_bytes > 0  # type: ignore[attr-defined]
+    assert recompute_on(PPOSettings(), spec, policy)  # a bf16 copy is not the trainer's code
+    assert HFEngineSpec(decode_dtype="float32").weights_for(policy) == "shared"
+    assert HFEngineSpec(compute_dtype="policy").weights_for(policy) == "shared"
+    monkeypatch.setattr(precision, "cpu_bf16_support", lambda: precision.Bf16Support(False, "CPU Y has none"))
+    assert HFEngineSpec().weights_for(policy) == "shared"
+    assert not recompute_on(PPOSettings(), HFEngineSpec(), policy)  # shared fp32: the engine's log-probs are π_old
+    overlapped = HFEngineSpec()
+    check_async(1, overlapped, PPOSettings())
+    assert overlapped.weights_for(policy) == "copy"
+
+
 def test_recompute_follows_the_copy_dtype() -> None:
     fp32, bf16_compute = Policy("tiny-random"), Policy("tiny-random", compute_dtype="bfloat16")
     auto = PPOSettings()
@@ -135,7 +163,7 @@ def test_the_spec_builds_the_copy_and_names_wrong_settings() -> None:
     engine = HFEngineSpec(weights="copy").build(Policy("tiny-random"))
     assert isinstance(engine, HFEngine) and engine.weights.holds_copy
     assert not HFEngineSpec(weights="shared").build(Policy("tiny-random")).weights.holds_copy  # type: ignore[attr-defined]
-    with pytest.raises(ValueError, match="engine.weights must be 'shared' or 'copy'"):
+    with pytest.raises(ValueError, match="engine.weights must be 'auto', 'shared' or 'copy'"):
         HFEngineSpec(weights="both")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="engine.decode_dtype must be"):
         HFEngineSpec(weights="copy", decode_dtype="float16")  # type: ignore[arg-type]

@@ -83,8 +83,11 @@ def test_bad_settings_are_refused_naming_the_field() -> None:
     with pytest.raises(ValueError, match="data.max_staleness must be >= 0"):
         letter_data(max_staleness=-1)
     with pytest.raises(ValueError, match=r"model.engine.init_args.weights: copy"):
-        check_async(1, HFEngineSpec(), PPOSettings())
-    check_async(0, HFEngineSpec(), PPOSettings())  # the synchronous loop shares the trainer's weights safely
+        check_async(1, HFEngineSpec(weights="shared"), PPOSettings())
+    default = HFEngineSpec()
+    check_async(1, default, PPOSettings())  # the default (weights: auto) resolves to the engine's own copy
+    assert default.weights == "copy"
+    check_async(0, HFEngineSpec(weights="shared"), PPOSettings())  # the synchronous loop shares them safely
     remote = VLLMEngineSpec(["http://127.0.0.1:1"])
     check_async(2, remote, PPOSettings())
     with pytest.raises(ValueError, match="recompute_old_logprobs must not be false"):
@@ -116,7 +119,8 @@ def test_progress_line_shows_staleness_when_collection_runs_ahead() -> None:
 
 def test_embedded_engine_with_shared_weights_is_refused_at_setup() -> None:
     with pytest.raises(ValueError, match=r"max_staleness=1 .*weights: copy"):
-        fit(make_module(GRPO(group_size=2)), letter_data(batch_size=4, steps=1, max_staleness=1))
+        fit(make_module(GRPO(group_size=2), engine=HFEngineSpec(weights="shared")),
+            letter_data(batch_size=4, steps=1, max_staleness=1))
 
 
 # ---------------------------------------------------------------------------------------------------- s = 1
@@ -300,8 +304,8 @@ def test_push_while_requests_are_in_flight_is_safe(lora_server: tuple[Server, Pa
 
 def test_preflight_refuses_s1_with_the_embedded_engine_before_any_work(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """``agentrl fit`` with ``data.max_staleness: 1`` and the default (embedded, shared-weights) engine stops in
-    preflight, naming the key to set, before an MLflow store is created."""
+    """``agentrl fit`` with ``data.max_staleness: 1`` and the embedded engine on the trainer's own weights
+    (``weights: shared``, set) stops in preflight, naming the key to set, before an MLflow store is created."""
     import agentrl
     from agentrl.training.preflight import ConfigError
     from tests.training.test_cli_ux import SMOKE
@@ -309,5 +313,7 @@ def test_preflight_refuses_s1_with_the_embedded_engine_before_any_work(tmp_path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("agentrl.training.cli.quiet_libraries", lambda: None)
     with pytest.raises(ConfigError, match=r"model.engine.init_args.weights: copy"):
-        agentrl.fit(SMOKE, data={"max_staleness": 1})
+        agentrl.fit(SMOKE, data={"max_staleness": 1},
+                    model={"engine": {"class_path": "agentrl.engines.specs.HFEngineSpec",
+                                      "init_args": {"weights": "shared"}}})
     assert not (tmp_path / "mlflow.db").exists()

@@ -131,6 +131,7 @@ def test_evaluations_the_resolved_dtype_and_the_config_reach_every_logger(tmp_pa
     assert len(evals) == 2  # the base model and the final weights
     assert params["resolved/compute_dtype"] == "float32"
     assert params["resolved/compute_dtype_reason"] == "hidden size 64 < 256: always float32"  # the rule's why
+    assert (params["resolved/engine_weights"], params["resolved/engine_decode_dtype"]) == ("shared", "float32")
     assert params["data.batch_size"] == "4"  # the flattened config (MLflowConfig)
     with (tmp_path / "csv" / "metrics.csv").open() as f:
         rows = [r for r in csv.DictReader(f) if r.get("eval/success")]

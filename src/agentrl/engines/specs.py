@@ -11,7 +11,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 
 from agentrl.engines.base import RolloutEngine
-from agentrl.engines.weights import DecodeDType, WeightsMode
+from agentrl.engines.weights import DecodeDType, WeightsMode, WeightsSetting
 
 
 @runtime_checkable
@@ -32,13 +32,16 @@ class HFEngineSpec:
             resolves to bf16). bf16 *autocast* over fp32 weights was measured slower than fp32 for decoding on the
             2-core CPU (docs/benchmarks.md: 0.94x fp32's tokens/s): a bf16 decode pays only with bf16 *weights*,
             which is what ``weights: copy`` gives.
-        weights: ``copy`` decodes with the engine's own copy of the model in ``decode_dtype``, refreshed at every
-            push (`agentrl.engines.weights`; its cost is logged as ``perf/engine_push_s``, its size as
-            ``perf/engine_weights_mib``), 1.8-2.4x the fp32 decode speed on a CPU with native bf16, and needed for
-            ``data.max_staleness >= 1``; ``shared`` (the default) runs the trainer's own modules (no extra memory,
-            fp32 rollouts from an fp32 policy). ``shared`` stays the default until the copy passes the whole suite
-            as the default (the first try broke the multi-rank exactness tests and validate; docs/async.md).
-        decode_dtype: With ``weights: copy`` only: the copy's dtype. ``auto`` is bf16 where the device has native
+        weights: ``auto`` (the default) is ``copy`` where the copy decodes in a cheaper dtype than fp32 — bf16 on
+            a device with native bf16 matmuls and a model at least `agentrl.models.precision.MIN_WIDTH` wide, and
+            an unsharded policy — and ``shared`` elsewhere (`agentrl.engines.weights.resolve_weights`; with
+            ``data.max_staleness >= 1`` it is always ``copy``). ``copy`` decodes with the engine's own copy of the
+            model in ``decode_dtype``, refreshed at every push (`agentrl.engines.weights`; its cost is logged as
+            ``perf/engine_push_s``, its size as ``perf/engine_weights_mib``): 1.8-2.4x the fp32 decode speed on a
+            CPU with native bf16 (docs/benchmarks.md), at the cost of its memory (+257 MiB for SmolLM2-135M in
+            bf16) and a π_old recompute by the trainer. ``shared`` runs the trainer's own modules (no extra
+            memory, fp32 rollouts from an fp32 policy whose log-probs are the trainer's π_old).
+        decode_dtype: With ``weights: copy`` or ``auto``: the copy's dtype. ``auto`` is bf16 where the device has native
             bf16 matmuls (CPU flags ``avx512_bf16`` / ``amx_bf16``, CUDA's bf16 support) and the model is at least
             `agentrl.models.precision.MIN_WIDTH` wide, else fp32 (the policy's ``auto`` rule); an explicit
             ``bfloat16`` on a CPU without native bf16 stops in preflight.
@@ -53,12 +56,14 @@ class HFEngineSpec:
     (`agentrl.training.mismatch`, which also asks `decode_dtype_for`)."""
 
     def __init__(self, max_batch_size: int = 32, prefix_cache_tokens: int = 32768, max_context: int | None = None,
-                 compute_dtype: Literal["float32", "policy"] = "float32", weights: WeightsMode = "shared",
+                 compute_dtype: Literal["float32", "policy"] = "float32", weights: WeightsSetting = "auto",
                  decode_dtype: DecodeDType = "auto"):
         if compute_dtype not in ("float32", "policy"):
             raise ValueError(f"engine.compute_dtype must be 'float32' or 'policy', got {compute_dtype!r}")
-        if weights not in ("shared", "copy"):
-            raise ValueError(f"engine.weights must be 'shared' or 'copy', got {weights!r}")
+        if weights == "auto" and compute_dtype == "policy":
+            weights = "shared"  # decoding under the policy's autocast is what shared weights do
+        if weights not in ("auto", "shared", "copy"):
+            raise ValueError(f"engine.weights must be 'auto', 'shared' or 'copy', got {weights!r}")
         if decode_dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"engine.decode_dtype must be 'auto', 'float32' or 'bfloat16', got {decode_dtype!r}")
         if weights == "copy" and compute_dtype != "float32":
@@ -72,16 +77,27 @@ class HFEngineSpec:
         if prefix_cache_tokens < 0:
             raise ValueError(f"engine.prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
         self.compute_dtype = compute_dtype
-        self.weights = weights
+        self.weights: WeightsSetting = weights
         self.decode_dtype = decode_dtype
         self.max_batch_size = max_batch_size
         self.prefix_cache_tokens = prefix_cache_tokens
         self.max_context = max_context
 
+    def weights_for(self, policy: Any) -> WeightsMode:
+        """``shared`` or ``copy`` for ``policy`` (``auto`` resolved: `agentrl.engines.weights.resolve_weights`)."""
+        from agentrl.engines.weights import resolve_weights
+
+        return resolve_weights(self.weights, self.decode_dtype, policy)
+
+    def resolved(self, policy: Any) -> dict[str, str]:
+        """What ``weights`` and the decode dtype resolve to for ``policy`` (the run records them as parameters)."""
+        return {"engine_weights": self.weights_for(policy),
+                "engine_decode_dtype": str(self.decode_dtype_for(policy)).removeprefix("torch.")}
+
     def decode_dtype_for(self, policy: Any) -> torch.dtype:
         """The dtype the engine will decode ``policy`` in: the copy's, or (shared) the policy's compute dtype under
         ``compute_dtype: policy``, else the weights' own."""
-        if self.weights == "copy":
+        if self.weights_for(policy) == "copy":
             from agentrl.engines.weights import resolve_decode_dtype
 
             return resolve_decode_dtype(self.decode_dtype, policy).dtype
@@ -94,5 +110,5 @@ class HFEngineSpec:
         from agentrl.engines.hf import HFEngine
 
         return HFEngine(policy, max_batch_size=self.max_batch_size, prefix_cache_tokens=self.prefix_cache_tokens,
-                        max_context=self.max_context, autocast=self.compute_dtype == "policy", weights=self.weights,
-                        decode_dtype=self.decode_dtype)
+                        max_context=self.max_context, autocast=self.compute_dtype == "policy",
+                        weights=self.weights_for(policy), decode_dtype=self.decode_dtype)

@@ -28,6 +28,7 @@ from agentrl.models.policy import backbone_of, lm_head_of
 from agentrl.models.precision import DtypeChoice, resolve_auto
 
 WeightsMode = Literal["shared", "copy"]
+WeightsSetting = Literal["auto", "shared", "copy"]
 DecodeDType = Literal["auto", "float32", "bfloat16"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -40,6 +41,27 @@ def resolve_decode_dtype(decode_dtype: DecodeDType, policy: Any) -> DtypeChoice:
         return DtypeChoice(_DTYPES[decode_dtype], "set in the config")
     device = next(policy.model.parameters()).device
     return resolve_auto(device, int(policy.hidden_size))
+
+
+def resolve_weights(weights: WeightsSetting, decode_dtype: DecodeDType, policy: Any) -> WeightsMode:
+    """The engine's weights for a setting: ``shared`` or ``copy`` as set, or ``auto``'s rule — a copy exactly when
+    it decodes in a cheaper dtype than fp32 (``decode_dtype`` resolved on the policy's device: bf16 where the device
+    has native bf16 matmuls and the model is wide enough) and the policy is not sharded (a ``fully_shard``-ed
+    model holds a slice of each weight: its modules are shared); otherwise the policy's own modules (an fp32 copy
+    of an fp32 policy would cost its memory and decode no faster)."""
+    if weights != "auto":
+        return weights
+    if _sharded(policy.model):
+        return "shared"
+    return "copy" if resolve_decode_dtype(decode_dtype, policy).dtype != torch.float32 else "shared"
+
+
+def _sharded(model: Any) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 class SharedWeights:

@@ -55,6 +55,8 @@ def check_async(max_staleness: int, engine_spec: Any, ppo: Any) -> None:
     stale turns."""
     if max_staleness < 1:
         return
+    if getattr(engine_spec, "shares_trainer_code", False) and getattr(engine_spec, "weights", None) == "auto":
+        engine_spec.weights = "copy"  # the embedded engine's default resolves to its own copy under overlap
     if getattr(engine_spec, "shares_trainer_code", False) and getattr(engine_spec, "weights", "shared") != "copy":
         raise ValueError(
             f"data.max_staleness={max_staleness} needs an engine that does not read the trainer's weights while an "

@@ -98,6 +98,17 @@ def reduce_across_ranks(metrics: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def resolved_params(policy: Any, engine_spec: Any) -> dict[str, str]:
+    """The run parameters that record what ``auto`` settings chose on this machine: the policy's compute dtype and
+    its reason, and where the engine spec tells (`agentrl.engines.specs.HFEngineSpec.resolved`) its weights (shared
+    or a copy) and decode dtype."""
+    resolved = policy.resolved_compute_dtype
+    engine = getattr(engine_spec, "resolved", None)
+    return {"resolved/compute_dtype": str(resolved.dtype).removeprefix("torch."),
+            "resolved/compute_dtype_reason": resolved.reason,
+            **{f"resolved/{k}": v for k, v in (engine(policy) if engine is not None else {}).items()}}
+
+
 def publish_step(module: Any, metrics: dict[str, float], rl_step: int, batch_size: int) -> None:
     """Log RL step ``rl_step``'s metrics (already reduced over the ranks) and its progress-bar values.
 

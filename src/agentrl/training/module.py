@@ -44,7 +44,7 @@ from agentrl.training.async_collect import LaunchedAhead, Lookahead, MakeBatch, 
 from agentrl.training.batching import TurnKey, TurnTargets
 from agentrl.training.callbacks import DetachOnException
 from agentrl.training.datamodule import RolloutDataModule
-from agentrl.training.metrics import publish_step, reduce_across_ranks
+from agentrl.training.metrics import publish_step, reduce_across_ranks, resolved_params
 from agentrl.training.mismatch import needs_old_logprobs
 from agentrl.training.perf import measure_peak_flops, step_perf_metrics, update_mfu
 from agentrl.training.rowplan import RowPlan
@@ -175,10 +175,8 @@ class AgentRLModule(pl.LightningModule, RunView):
                                    self.algorithm.episodes_per_task)
         if self.peak_flops is None:
             self.peak_flops = measure_peak_flops(self.device, self.policy.compute_dtype)
-        resolved = self.policy.resolved_compute_dtype
-        for logger in self.trainer.loggers:  # what `compute_dtype: auto` chose on this machine and why, for review
-            logger.log_hyperparams({"resolved/compute_dtype": str(resolved.dtype)[6:],
-                                    "resolved/compute_dtype_reason": resolved.reason})
+        for logger in self.trainer.loggers:  # what the `auto` settings chose on this machine and why, for review
+            logger.log_hyperparams(resolved_params(self.policy, self.engine_spec))
 
     def on_train_start(self) -> None:
         # here, not in on_fit_start: a sharded checkpoint is restored after that hook, when rl_step was still 0

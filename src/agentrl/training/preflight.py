@@ -173,7 +173,7 @@ def check_bf16(policy: PolicyPlan, accelerator: Any, engine: Any = None) -> None
     for key, value in (("compute_dtype", policy.compute_dtype), ("dtype", policy.dtype)):
         if value == "bfloat16":
             check_explicit_bf16(f"model.policy.init_args.{key}", torch.device(device))
-    if getattr(engine, "weights", None) == "copy" and getattr(engine, "decode_dtype", None) == "bfloat16":
+    if getattr(engine, "weights", None) in ("auto", "copy") and getattr(engine, "decode_dtype", None) == "bfloat16":
         check_explicit_bf16("model.engine.init_args.decode_dtype", torch.device(device))
 
 

@@ -1,0 +1,133 @@
+"""The main job, two ways side by side: ``agentrl fit --config configs/rtpo.yaml`` run to the end by two code trees
+(or two sets of overrides) at the same time, one thread each, the same seed (issue 31: the old default against the
+new one).
+
+Each side runs in its own folder (its ``mlflow.db`` and checkpoints) under GNU ``time -v``, with
+``OMP_NUM_THREADS=1`` (or ``--threads``). When both are done the script reads each side's MLflow run back and writes
+one JSON: wall time, user + system CPU, peak RSS, held-out success and return before and after, and the per-step
+figures (step seconds, rollout and update tokens/s, generated tokens, the behaviour-mismatch metrics), with the
+CPU identity beside ``machine``. The ratio old / new wall time is the figure of the comparison (both sides share
+the machine's load, so read the ratio rather than the absolute times).
+
+Usage::
+
+    python benchmarks/main_job.py --old-src /path/to/old/checkout/src --out benchmarks/results/main_job_old_vs_new.json
+    python benchmarks/main_job.py --old-args --model.engine.init_args.weights shared --new-args ...  # one tree
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrl.models.precision import cpu_identity
+
+STEP_KEYS = ("perf/step_seconds", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/generated_tokens",
+             "perf/engine_push_s", "perf/engine_weights_mib", "rollout/reward", "rollout/success",
+             "rollout/logprob_mismatch_kl", "rollout/recomputed_tokens", "train/approx_kl", "train/entropy")
+
+
+def command(config: Path, extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "agentrl", "fit", "--config", str(config), *extra]
+
+
+def launch(name: str, folder: Path, cmd: list[str], src: Path | None, threads: int) -> subprocess.Popen[bytes]:
+    folder.mkdir(parents=True, exist_ok=True)
+    env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    log = (folder / "log.txt").open("wb")
+    print(f"[{name}] {' '.join(cmd)}  (in {folder}, PYTHONPATH={env.get('PYTHONPATH', '')})", flush=True)
+    return subprocess.Popen(["/usr/bin/time", "-v", "-o", str(folder / "time.txt"), *cmd], cwd=folder, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
+def gnu_time(path: Path) -> dict[str, float]:
+    """Wall seconds, user/system CPU seconds and peak RSS (MiB) from a ``time -v`` report."""
+    text = path.read_text()
+
+    def field(label: str) -> str:
+        match = re.search(rf"{re.escape(label)}: (.+)", text)
+        if match is None:
+            raise ValueError(f"{path}: no '{label}' line")
+        return match.group(1).strip()
+
+    parts = [float(p) for p in field("Elapsed (wall clock) time (h:mm:ss or m:ss)").split(":")]
+    wall = sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
+    return {"wall_seconds": wall, "user_seconds": float(field("User time (seconds)")),
+            "system_seconds": float(field("System time (seconds)")),
+            "peak_rss_mib": float(field("Maximum resident set size (kbytes)")) / 1024}
+
+
+def mlflow_figures(folder: Path) -> dict[str, Any]:
+    """Held-out evaluations and per-step metrics of the (only) run in ``folder/mlflow.db``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    if len(runs) != 1:
+        raise ValueError(f"{folder}: expected one MLflow run, found {len(runs)}")
+    run = runs[0]
+    history = {k: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, k)]
+               for k in run.data.metrics}
+    evals = {k: [v for _, v in sorted(history[k])] for k in ("eval/success", "eval/reward") if k in history}
+    steps = {k: [v for _, v in sorted(history[k])] for k in STEP_KEYS if k in history}
+    params = run.data.params
+    return {"run_id": run.info.run_id, "eval": evals, "steps": steps,
+            "resolved": {k: v for k, v in params.items() if k.startswith("resolved/")},
+            "engine_weights_mib": (steps.get("perf/engine_weights_mib") or [0.0])[-1]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, default=Path("configs/rtpo.yaml"))
+    parser.add_argument("--old-src", type=Path, default=None, help="the old side's src/ (on PYTHONPATH)")
+    parser.add_argument("--old-args", nargs="*", default=[], help="overrides of the old side")
+    parser.add_argument("--new-args", nargs="*", default=[], help="overrides of the new side")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/agentrl-main-job"))
+    parser.add_argument("--note", default="", help="the conditions in words, kept in the JSON")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/main_job_old_vs_new.json"))
+    args = parser.parse_args()
+    config = args.config.resolve()
+    sides = {"old": (args.old_src.resolve() if args.old_src else None, args.old_args),
+             "new": (None, args.new_args)}
+    load_start = os.getloadavg()
+    start = time.time()
+    procs = {name: launch(name, args.workdir / name, command(config, extra), src, args.threads)
+             for name, (src, extra) in sides.items()}
+    codes = {name: p.wait() for name, p in procs.items()}
+    result: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {args.threads} thread(s) a side, {os.cpu_count()} CPUs",
+        "cpu": cpu_identity(), "config": str(args.config), "note": args.note,
+        "load_average_start": load_start, "load_average_end": os.getloadavg(),
+        "started_unix": start, "sides": {}}
+    for name, (src, extra) in sides.items():
+        folder = args.workdir / name
+        side: dict[str, Any] = {"command": " ".join(command(args.config, extra)), "pythonpath": str(src or ""),
+                                "exit_code": codes[name]}
+        side |= gnu_time(folder / "time.txt")
+        if codes[name] == 0:
+            side |= mlflow_figures(folder)
+        result["sides"][name] = side
+        ev = side.get("eval", {}).get("eval/success", [])
+        print(f"[{name}] exit {codes[name]}, wall {side['wall_seconds'] / 60:.1f} min, peak RSS "
+              f"{side['peak_rss_mib'] / 1024:.2f} GiB, held-out success {' -> '.join(f'{x:.3f}' for x in ev)}")
+    old, new = result["sides"]["old"], result["sides"]["new"]
+    result["wall_ratio_old_over_new"] = old["wall_seconds"] / new["wall_seconds"]
+    print(f"wall time old / new: {result['wall_ratio_old_over_new']:.2f}x")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
