@@ -90,6 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=Path("configs/rtpo.yaml"))
     parser.add_argument("--old-src", type=Path, default=None, help="the old side's src/ (on PYTHONPATH)")
+    parser.add_argument("--new-src", type=Path, default=None, help="the new side's src/ (default: the installed tree)")
     parser.add_argument("--old-args", nargs="*", default=[], help="overrides of the old side")
     parser.add_argument("--new-args", nargs="*", default=[], help="overrides of the new side")
     parser.add_argument("--threads", type=int, default=1)
@@ -99,7 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     config = args.config.resolve()
     sides = {"old": (args.old_src.resolve() if args.old_src else None, args.old_args),
-             "new": (None, args.new_args)}
+             "new": (args.new_src.resolve() if args.new_src else None, args.new_args)}
     load_start = os.getloadavg()
     start = time.time()
     procs = {name: launch(name, args.workdir / name, command(config, extra), src, args.threads)
