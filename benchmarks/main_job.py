@@ -89,6 +89,7 @@ def mlflow_figures(folder: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=Path("configs/rtpo.yaml"))
+    parser.add_argument("--old-config", type=Path, default=None, help="the old side's config (default: --config)")
     parser.add_argument("--old-src", type=Path, default=None, help="the old side's src/ (on PYTHONPATH)")
     parser.add_argument("--new-src", type=Path, default=None, help="the new side's src/ (default: the installed tree)")
     parser.add_argument("--old-args", nargs="*", default=[], help="overrides of the old side")
@@ -98,22 +99,22 @@ def main() -> None:
     parser.add_argument("--note", default="", help="the conditions in words, kept in the JSON")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/main_job_old_vs_new.json"))
     args = parser.parse_args()
-    config = args.config.resolve()
+    configs = {"old": (args.old_config or args.config).resolve(), "new": args.config.resolve()}
     sides = {"old": (args.old_src.resolve() if args.old_src else None, args.old_args),
              "new": (args.new_src.resolve() if args.new_src else None, args.new_args)}
     load_start = os.getloadavg()
     start = time.time()
-    procs = {name: launch(name, args.workdir / name, command(config, extra), src, args.threads)
+    procs = {name: launch(name, args.workdir / name, command(configs[name], extra), src, args.threads)
              for name, (src, extra) in sides.items()}
     codes = {name: p.wait() for name, p in procs.items()}
     result: dict[str, Any] = {
         "machine": f"{platform.machine()}, {args.threads} thread(s) a side, {os.cpu_count()} CPUs",
-        "cpu": cpu_identity(), "config": str(args.config), "note": args.note,
+        "cpu": cpu_identity(), "configs": {k: str(v) for k, v in configs.items()}, "note": args.note,
         "load_average_start": load_start, "load_average_end": os.getloadavg(),
         "started_unix": start, "sides": {}}
     for name, (src, extra) in sides.items():
         folder = args.workdir / name
-        side: dict[str, Any] = {"command": " ".join(command(args.config, extra)), "pythonpath": str(src or ""),
+        side: dict[str, Any] = {"command": " ".join(command(configs[name], extra)), "pythonpath": str(src or ""),
                                 "exit_code": codes[name]}
         side |= gnu_time(folder / "time.txt")
         if codes[name] == 0:
