@@ -9,7 +9,7 @@ bit for bit in ``tests/engines/test_sampling.py``), while the vocabulary-wide wo
 once per step instead of once per sequence.
 
 The per-row draws are the cost that remains: ``exponential_`` with a generator runs serially, about 0.8 ms per
-row of SmolLM2's 49,152-token vocabulary on the 2-core Xeon of ``benchmarks/results/roofline_xeon.json`` — 13 ms of
+row of SmolLM2's 49,152-token vocabulary on the 2-core Xeon of ``benchmarks/results/roofline.json`` — 13 ms of
 a 16-row decode step, more than the step's attention. Rows draw from independent generators into disjoint rows of
 ``q``, so they are split over torch's threads (torch releases the GIL inside the op): the same numbers, the
 same generator states, in less wall time. A temperature of 1 skips its division (``x / 1.0`` is ``x`` exactly).
