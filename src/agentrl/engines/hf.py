@@ -14,7 +14,8 @@
 * **Batched prefill.** Requests admitted together are prefilled in one forward (each on its own stored prefix).
 * **Per-request seeded sampling, batched.** Each request samples from its own ``torch.Generator``, so its tokens
   do not depend on which other requests share the batch; the softmax and the draw run over the whole batch at
-  once (`agentrl.engines.sampling`), giving the same tokens as a per-row ``torch.multinomial``.
+  once (`agentrl.engines.sampling`), giving the same tokens as a per-row ``torch.multinomial`` (on CPU; a CUDA
+  engine's generators live on the GPU and draw CUDA's own numbers).
 * **A request fails or leaves alone.** An error while prefilling or sampling one request (its stop callback, a
   non-finite distribution) fails that request only; the rest of the batch goes on. Only an error in the batched
   forward pass, which no single request owns, fails every request in flight. A caller that cancels its
@@ -165,7 +166,9 @@ class HFEngine:
         likely tokens with their log-probs, read from the logits the token was sampled from."""
         self._ensure_scheduler()
         assert self._loop is not None and self._wakeup is not None
-        generator = torch.Generator()
+        # on the device the logits are on: a CPU generator cannot draw into a CUDA tensor (found on an H200: every
+        # episode failed). A seed gives the same tokens run after run on one device, not across device types.
+        generator = torch.Generator(device=self._device)
         if sampling.seed is None:
             generator.manual_seed(int(torch.randint(0, 2**62, (1,), generator=self._rng)))
         else:

@@ -135,7 +135,8 @@ def draw_exponentials(draws: Sequence[tuple[Tensor, torch.Generator]], threads: 
     one thread only, and its draws do not depend on the split: the results and the generators' end states are
     those of a serial loop."""
     threads = min(torch.get_num_threads(), MAX_DRAW_THREADS) if threads is None else threads
-    n = min(threads, len(draws) // MIN_ROWS_PER_THREAD)
+    on_cpu = all(t.device.type == "cpu" for t, _ in draws)  # a GPU draw is an asynchronous kernel: no threads
+    n = min(threads, len(draws) // MIN_ROWS_PER_THREAD) if on_cpu else 1
     if n <= 1:
         for t, g in draws:
             t.exponential_(1, generator=g)
