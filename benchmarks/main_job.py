@@ -92,8 +92,10 @@ def main() -> None:
     parser.add_argument("--old-config", type=Path, default=None, help="the old side's config (default: --config)")
     parser.add_argument("--old-src", type=Path, default=None, help="the old side's src/ (on PYTHONPATH)")
     parser.add_argument("--new-src", type=Path, default=None, help="the new side's src/ (default: the installed tree)")
-    parser.add_argument("--old-args", nargs="*", default=[], help="overrides of the old side")
-    parser.add_argument("--new-args", nargs="*", default=[], help="overrides of the new side")
+    parser.add_argument("--old-args", nargs="*", action="extend", default=[],
+                        help="overrides of the old side (repeat the flag: --old-args=--data.seed=1 --old-args=...)")
+    parser.add_argument("--new-args", nargs="*", action="extend", default=[],
+                        help="overrides of the new side (likewise)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/agentrl-main-job"))
     parser.add_argument("--note", default="", help="the conditions in words, kept in the JSON")

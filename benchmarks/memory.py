@@ -3,7 +3,8 @@
 Each variant runs the real command in its own process (``agentrl.cli.main`` in process, so its phases can be
 timed and measured), one training step, no evaluation. A thread samples the resident set size (``VmRSS``)
 every 10 ms; each phase (model load, rollouts, scoring, update, weight push, checkpoint, final model save)
-records the RSS when it starts and ends and the peak while it runs. After the run: the bytes of the weights,
+records the RSS when it starts and ends and the peak while it runs. A held-out evaluation (``--data.eval_episodes``
+set after ``--``) is a phase of its own, holding the rollouts it runs. After the run: the bytes of the weights,
 gradients and optimizer state, and the process's peak RSS (``VmHWM``, what ``/usr/bin/time -v`` reports as
 "Maximum resident set size").
 
@@ -111,6 +112,7 @@ def run_one(config: str, extra: list[str]) -> dict[str, Any]:
     baseline = rss_kb() / 1024
     rec = Recorder()
     rec.wrap(policy_mod, "load_model", "load model (GGUF)")
+    rec.wrap(AgentRLModule, "evaluate", "held-out evaluation")
     rec.wrap(AgentRLModule, "collect", "rollouts (engine)")
     rec.wrap(AgentRLModule, "logprobs", "score old log-probs")
     rec.wrap(AgentRLModule, "update", "update (PPO epochs)")

@@ -114,3 +114,27 @@ def test_quiet_mode_still_shows_a_missing_resume_and_the_episodes_asked_for(tmp_
     assert "HINT: Set `ModelCheckpoint" not in out  # Lightning's misleading hint is replaced by the line above
     episodes = [line for line in proc.stderr.splitlines() if "agentrl_langchain.agent: episode " in line]
     assert len(episodes) >= 2, proc.stderr[-3000:]  # a trunk and its siblings, one INFO line each
+
+
+@pytest.mark.parametrize("seeds,warned", [
+    ({"seed_everything": 1, "data.seed": 0, "model.seed": 0}, "this run samples with data.seed=0 and model.seed=0"),
+    ({"seed_everything": 1, "data.seed": 1, "model.seed": 0}, "this run samples with model.seed=0 (set"),
+    ({"seed_everything": 2, "data.seed": 2, "model.seed": 2}, None),
+    ({"seed_everything": True, "data.seed": 0, "model.seed": 0}, None),  # Lightning's "pick one": not a run seed
+])
+def test_a_seed_everything_that_does_not_seed_the_run_is_named(seeds: dict[str, object], warned: str | None,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from jsonargparse import Namespace
+
+    from agentrl.training.cli import _warn_seed_mismatch
+
+    config = Namespace()
+    for key, value in seeds.items():
+        config[key] = value
+    _warn_seed_mismatch(config)
+    err = capsys.readouterr().err
+    if warned is None:
+        assert err == ""
+    else:
+        assert err.startswith(f"agentrl fit: warning: seed_everything={seeds['seed_everything']} seeds torch only; ")
+        assert warned in err, err

@@ -108,6 +108,7 @@ class AgentRLCLI(LightningCLI):
         preflight(self.parser, self.config, self.subcommand or "fit")
         if self.subcommand in (None, "fit"):
             _warn_missing_resume(config)
+            _warn_seed_mismatch(config)
             reopen_run(config)  # --ckpt_path continues the checkpoint's MLflow run
         elif self.subcommand == "validate":
             try:
@@ -146,6 +147,22 @@ def _warn_missing_resume(config: Namespace) -> None:
     if not path.is_file():
         print(f"agentrl fit: warning: --ckpt_path last: no checkpoint at {path}; this run starts from step 0 "
               "(a new MLflow run)", file=sys.stderr, flush=True)
+
+
+def _warn_seed_mismatch(config: Namespace) -> None:
+    """``seed_everything`` seeds torch's global generators only. The run's randomness is ``data.seed`` (every
+    episode's sampling seed) and ``model.seed`` (minibatch order): a ``--seed_everything 1`` alone replays seed 0's
+    run exactly (seen on 2026-12-04: two "seeds" of the main job gave the same 24,093 tokens). Say so in one line
+    when they differ, whatever the quiet mode."""
+    seed = config.get("seed_everything")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        return
+    other = {key: config.get(key) for key in ("data.seed", "model.seed")}
+    differ = [f"{key}={value}" for key, value in other.items() if isinstance(value, int) and value != seed]
+    if differ:
+        print(f"agentrl fit: warning: seed_everything={seed} seeds torch only; this run samples with "
+              f"{' and '.join(differ)} (set --data.seed and --model.seed to change the run)", file=sys.stderr,
+              flush=True)
 
 
 def _show_episode_logs(agent: Any) -> None:
