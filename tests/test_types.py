@@ -68,9 +68,12 @@ def _batch(**override: torch.Tensor) -> TurnBatch:
 
 
 def test_turn_batch_shapes_are_checked_and_kept_on_a_move() -> None:
-    b = _batch(turn_ids=torch.tensor([[-1, 0, 0, -1], [-1, -1, 1, 1]]))
+    b = _batch(turn_ids=torch.tensor([[-1, 0, 0, -1], [-1, -1, 1, 1]]), branch=torch.zeros(2, 4, dtype=torch.long))
     moved = b.to(torch.device("meta"))
     assert all(getattr(moved, f).device.type == "meta" and getattr(moved, f).shape == (2, 4)
                for f in b.__dataclass_fields__)
+    assert _batch().to(torch.device("meta")).branch is None  # no shared-prefix rows: stays None
+    with pytest.raises(DataError, match="branch has shape"):
+        _batch(branch=torch.zeros(2, 3, dtype=torch.long))
     with pytest.raises(DataError, match="advantages has shape"):
         _batch(advantages=torch.zeros(2, 3))

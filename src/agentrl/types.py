@@ -185,6 +185,9 @@ class TurnBatch:
         units: (N, L) the unit each response token's sample counts for (`TurnTargets.unit`: GRPO's trajectory
             weighting gives each of a trajectory's T turns 1/T); ones by default. Entropy and KL terms are weighted
             by it, so they are means at the same scale as the policy loss.
+        branch: (N, L) int or None: in shared-prefix rows, 0 on the shared prefix and b ≥ 1 on the tokens of the
+            row's b-th sequence (`agentrl.models.tree`: attention, positions and scoring follow it); None when no
+            row of the batch shares a prefix.
     """
 
     input_ids: torch.Tensor
@@ -198,6 +201,7 @@ class TurnBatch:
     value_mask: torch.Tensor
     weights: torch.Tensor
     units: torch.Tensor
+    branch: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2:
@@ -210,4 +214,5 @@ class TurnBatch:
 
     def to(self, device: torch.device) -> TurnBatch:
         """The same batch with every tensor on ``device``."""
-        return TurnBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        moved: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        return TurnBatch(**{k: v.to(device) for k, v in moved.items() if v is not None})

@@ -18,6 +18,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
+from agentrl.models import tree
 from agentrl.models.policy import Policy
 
 
@@ -49,22 +50,24 @@ class TurnCritic(nn.Module):
         """The critic's own trainable parameters (the head, plus the backbone copy unless shared)."""
         return [p for p in self.parameters() if p.requires_grad]
 
-    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor, branch: Tensor | None = None) -> Tensor:
         policy = self._policy[0]
         if self.backbone is None:
-            return policy.hidden_states(input_ids, attention_mask)
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            return policy.hidden_states(input_ids, attention_mask, branch)
         with policy.autocast():
-            out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                use_cache=False)
+            out = self.backbone(input_ids=input_ids,
+                                attention_mask=tree.model_mask(self.backbone, attention_mask, branch),
+                                position_ids=tree.position_ids(attention_mask, branch), use_cache=False)
         return out.last_hidden_state
 
-    def values_from_hidden(self, hidden: Tensor) -> Tensor:
-        """(N, L) values aligned to tokens: ``values[:, t] = head(hidden[:, t − 1])``, ``values[:, 0] = 0``."""
+    def values_from_hidden(self, hidden: Tensor, attention_mask: Tensor | None = None,
+                           branch: Tensor | None = None) -> Tensor:
+        """(N, L) values aligned to tokens: ``values[:, t] = head(hidden[:, t − 1])``, ``values[:, 0] = 0`` (in
+        shared-prefix rows, ``branch`` with its ``attention_mask``: the hidden state of t's predecessor)."""
         v = self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).float()
-        out = torch.zeros_like(v)
-        out[:, 1:] = v[:, :-1]
-        return out
+        if tree.has_branches(branch) and attention_mask is None:
+            raise ValueError("shared-prefix rows (branch) are scored with their attention_mask")
+        return tree.shift_to_tokens(v, attention_mask if attention_mask is not None else torch.ones_like(v), branch)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.values_from_hidden(self.hidden_states(input_ids, attention_mask))
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, branch: Tensor | None = None) -> Tensor:
+        return self.values_from_hidden(self.hidden_states(input_ids, attention_mask, branch), attention_mask, branch)

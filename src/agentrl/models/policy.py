@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from agentrl.models import tree
 from agentrl.models.loading import SMOLLM2, load_model, stop_token_ids
 from agentrl.models.precision import DtypeChoice, resolve_auto
 from agentrl.types import TurnBatch
@@ -204,21 +205,25 @@ class Policy(nn.Module):
 
     # ------------------------------------------------------------------ scoring
 
-    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """(N, L, H) last hidden states; position ids follow the attention mask (padding-safe)."""
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor, branch: Tensor | None = None) -> Tensor:
+        """(N, L, H) last hidden states; position ids follow the attention mask (padding-safe) and, for
+        shared-prefix rows (``branch``), each token's own sequence (`agentrl.models.tree`)."""
+        position_ids = tree.position_ids(attention_mask, branch)
         with self.autocast():
-            out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                use_cache=False)
+            out = self.backbone(input_ids=input_ids, attention_mask=tree.model_mask(self.backbone, attention_mask,
+                                                                                    branch),
+                                position_ids=position_ids, use_cache=False)
         return out.last_hidden_state
 
     def logprobs_from_hidden(
         self, hidden: Tensor, input_ids: Tensor, positions: Tensor, *, temperature: float = 1.0,
-        with_entropy: bool = False, entropy_grad: bool = True,
+        with_entropy: bool = False, entropy_grad: bool = True, attention_mask: Tensor | None = None,
+        branch: Tensor | None = None,
     ) -> LogProbs:
         """Log-probs of ``input_ids`` at the True ``positions`` (N, L) from hidden states (N, L, H).
 
-        Token t is scored from the hidden state at t − 1, so position 0 is never scored. The vocabulary
+        Token t is scored from the hidden state at t − 1 (in shared-prefix rows, ``branch`` with its
+        ``attention_mask``: at its predecessor in its own sequence), so position 0 is never scored. The vocabulary
         projection runs on `LOGIT_CHUNK_ROWS` scored positions at a time and, when gradients are on, each chunk is
         recomputed in the backward pass (activation checkpointing) instead of keeping its (rows × vocabulary)
         logits: for SmolLM2 that is 196 KB per scored token and per saved tensor in fp32, the largest activation
@@ -226,9 +231,10 @@ class Policy(nn.Module):
         """
         if bool(positions[:, 0].any()):
             raise ValueError("position 0 has no context and cannot be scored")
-        pred_mask = torch.zeros_like(positions)
-        pred_mask[:, :-1] = positions[:, 1:]
-        h = hidden[pred_mask]  # (M, H): the state before each scored token
+        if tree.has_branches(branch) and attention_mask is None:
+            raise ValueError("shared-prefix rows (branch) are scored with their attention_mask")
+        mask = attention_mask if attention_mask is not None else torch.ones_like(positions)
+        h = tree.scoring_states(hidden, positions, mask, branch)  # (M, H): the state before each scored token
         targets = input_ids[positions]
         checkpointed = torch.is_grad_enabled() and h.requires_grad and h.shape[0] > 0
         parts: list[tuple[Tensor, Tensor | None]] = []
@@ -268,13 +274,14 @@ class Policy(nn.Module):
 
     def token_logprobs(
         self, input_ids: Tensor, attention_mask: Tensor, positions: Tensor, *, temperature: float = 1.0,
-        with_entropy: bool = False, entropy_grad: bool = True,
+        with_entropy: bool = False, entropy_grad: bool = True, branch: Tensor | None = None,
     ) -> LogProbs:
-        hidden = self.hidden_states(input_ids, attention_mask)
+        hidden = self.hidden_states(input_ids, attention_mask, branch)
         return self.logprobs_from_hidden(hidden, input_ids, positions, temperature=temperature,
-                                         with_entropy=with_entropy, entropy_grad=entropy_grad)
+                                         with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                         attention_mask=attention_mask, branch=branch)
 
     def logprobs(self, batch: TurnBatch, *, temperature: float = 1.0, with_entropy: bool = False) -> LogProbs:
         """Log-probs (and entropy) of the response tokens of a `TurnBatch`, aligned with ``old_logprobs``."""
         return self.token_logprobs(batch.input_ids, batch.attention_mask, batch.response_mask,
-                                   temperature=temperature, with_entropy=with_entropy)
+                                   temperature=temperature, with_entropy=with_entropy, branch=batch.branch)

@@ -8,6 +8,12 @@ causal attention makes every token's context exactly the turn's recorded context
 values are the same as per-turn rows (a test checks it). A chain breaks (new row) wherever the next prompt does
 not start with the previous row.
 
+**Shared prefixes.** Rows whose contexts are the same tokens up to their first response token (RTPO's siblings
+and the trunk's turn at one depth; a GRPO group's first prompt) can go into one *shared-prefix row*: the context
+once, then each row's remaining tokens as a branch (`share_prefixes`; attention, positions and scoring in
+`agentrl.models.tree`). This happens per micro-batch, after the minibatches are drawn, so what is trained together
+does not change, only how many tokens the forward reads. Off by default (``model.share_prefixes``).
+
 **Bucketing.** Micro-batches (the unit of one forward/backward) are cut from a minibatch sorted by length and
 bounded by a token budget, so rows of similar length are padded together.
 
@@ -63,10 +69,20 @@ class TurnTargets:
 
 @dataclass
 class Row:
-    """One packed sequence and the trained turns inside it."""
+    """One packed sequence and the trained turns inside it.
+
+    A shared-prefix row (`share_prefixes`) also has ``branch`` (per token: 0 on the prefix, b on its b-th
+    sequence) and ``starts`` (where each turn's response begins in ``ids``); elsewhere a turn's response begins
+    after its prompt."""
 
     ids: list[int]
     turns: list[tuple[TurnKey, Turn, TurnTargets]] = field(default_factory=list)
+    branch: list[int] | None = None
+    starts: dict[TurnKey, int] | None = None
+
+    def start(self, key: TurnKey, turn: Turn) -> int:
+        """Position of ``turn``'s first response token in ``ids``."""
+        return self.starts[key] if self.starts is not None else len(turn.prompt_ids)
 
 
 def _extends(row_ids: list[int], turn: Turn) -> bool:
@@ -102,17 +118,56 @@ def pack_rows(
     return rows
 
 
+def _context_length(row: Row) -> int:
+    return min(len(t.prompt_ids) for _, t, _ in row.turns) if row.turns else len(row.ids)
+
+
+def share_prefixes(rows: Sequence[Row], max_tokens: int) -> list[Row]:
+    """``rows`` with those whose contexts (the tokens before their first response token) are equal merged into
+    shared-prefix rows of at most ``max_tokens`` tokens, in order of first appearance; a row alone keeps its form.
+    Every turn keeps its tokens and its context (`agentrl.models.tree`)."""
+    groups: dict[tuple[int, ...], list[Row]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row.ids[:_context_length(row)]), []).append(row)
+    out: list[Row] = []
+    for prefix, members in groups.items():
+        chunk: list[Row] = []
+        for row in members:
+            if chunk and len(prefix) + sum(len(r.ids) - len(prefix) for r in [*chunk, row]) > max_tokens:
+                out.append(_merged(prefix, chunk))
+                chunk = []
+            chunk.append(row)
+        out.append(_merged(prefix, chunk))
+    return out
+
+
+def _merged(prefix: tuple[int, ...], rows: list[Row]) -> Row:
+    if len(rows) == 1:
+        return rows[0]
+    ids, branch = list(prefix), [0] * len(prefix)
+    starts: dict[TurnKey, int] = {}
+    turns: list[tuple[TurnKey, Turn, TurnTargets]] = []
+    for b, row in enumerate(rows, start=1):
+        shift = len(ids) - len(prefix)  # where this row's own tokens begin, past the prefix and earlier branches
+        ids += row.ids[len(prefix):]
+        branch += [b] * (len(row.ids) - len(prefix))
+        for key, turn, tgt in row.turns:
+            starts[key] = row.start(key, turn) + shift
+            turns.append((key, turn, tgt))
+    return Row(ids, turns, branch, starts)
+
+
 def score_turns(rows: Sequence[Row], max_tokens: int, pad_id: int, device: torch.device,
-                score: Callable[[TurnBatch], Tensor]) -> dict[TurnKey, Tensor]:
+                score: Callable[[TurnBatch], Tensor], *, shared: bool = False) -> dict[TurnKey, Tensor]:
     """Run ``score`` (a ``(N, L)`` tensor per collated micro-batch: log-probs, values, …) over ``rows`` and cut
     out each turn's response positions: ``{key: (len(response_ids),) tensor}``. The one place that maps packed
-    positions back to turns."""
+    positions back to turns. ``shared``: rows with equal contexts share their prefix (`share_prefixes`)."""
     out: dict[TurnKey, Tensor] = {}
-    for micro in micro_batches(rows, max_tokens):
+    for micro in micro_batches(rows, max_tokens, shared=shared):
         scores = score(collate(micro, pad_id).to(device))
         for i, row in enumerate(micro):
             for key, turn, _ in row.turns:
-                start = len(turn.prompt_ids)
+                start = row.start(key, turn)
                 out[key] = scores[i, start : start + len(turn.response_ids)]
     return out
 
@@ -146,6 +201,7 @@ def collate(rows: Sequence[Row], pad_id: int) -> TurnBatch:
     response = torch.zeros(N, L, dtype=torch.bool)
     value_mask = torch.zeros(N, L, dtype=torch.bool)
     turn_ids = torch.full((N, L), -1, dtype=torch.long)
+    branch = torch.zeros(N, L, dtype=torch.long) if any(r.branch is not None for r in rows) else None
     floats = {k: torch.zeros(N, L) for k in ("old_logprobs", "advantages", "returns", "old_values")}
     weights = torch.ones(N, L)
     units = torch.ones(N, L)
@@ -153,11 +209,14 @@ def collate(rows: Sequence[Row], pad_id: int) -> TurnBatch:
     for i, row in enumerate(rows):
         input_ids[i, : len(row.ids)] = torch.tensor(row.ids)
         attention[i, : len(row.ids)] = 1
-        for _, turn, tgt in row.turns:
+        if branch is not None and row.branch is not None:
+            branch[i, : len(row.ids)] = torch.tensor(row.branch)
+        for key, turn, tgt in row.turns:
             n = len(turn.response_ids)
             if n == 0:
                 continue
-            s = slice(len(turn.prompt_ids), len(turn.prompt_ids) + n)
+            start = row.start(key, turn)
+            s = slice(start, start + n)
             response[i, s] = True
             turn_ids[i, s] = tid
             tid += 1
@@ -177,13 +236,14 @@ def collate(rows: Sequence[Row], pad_id: int) -> TurnBatch:
                 floats["returns"][i, first] = float(tgt.returns)  # type: ignore[arg-type]
                 floats["old_values"][i, first] = float(tgt.old_values or 0.0)  # type: ignore[arg-type]
     return TurnBatch(input_ids, attention, response, turn_ids, floats["old_logprobs"], floats["advantages"],
-                     floats["returns"], floats["old_values"], value_mask, weights, units)
+                     floats["returns"], floats["old_values"], value_mask, weights, units, branch)
 
 
-def micro_batches(rows: Sequence[Row], max_tokens: int) -> list[list[Row]]:
+def micro_batches(rows: Sequence[Row], max_tokens: int, *, shared: bool = False) -> list[list[Row]]:
     """Split ``rows`` (sorted longest first) into micro-batches whose padded size stays within ``max_tokens``
-    (a row longer than the budget gets a micro-batch of its own)."""
-    ordered = sorted(rows, key=lambda r: len(r.ids), reverse=True)
+    (a row longer than the budget gets a micro-batch of its own); ``shared``: after merging the rows with equal
+    contexts (`share_prefixes`)."""
+    ordered = sorted(share_prefixes(rows, max_tokens) if shared else rows, key=lambda r: len(r.ids), reverse=True)
     out: list[list[Row]] = []
     current: list[Row] = []
     width = 0

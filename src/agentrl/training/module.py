@@ -72,6 +72,8 @@ class AgentRLModule(pl.LightningModule, RunView):
         critic: Critic settings (used by schedules that need a critic).
         micro_batch_tokens: Padded-token budget of one forward/backward (memory knob; results do not depend on it).
         pack_turns: Pack the turns of a trajectory that share an exact prefix into one row.
+        share_prefixes: Turns of different episodes with the same context share it in one row of a micro-batch
+            (RTPO's siblings, a GRPO group's first prompt): fewer tokens forwarded, the same update up to rounding.
         peak_flops: Peak FLOP/s of one device for ``perf/mfu``; None measures a matmul at start.
         seed: Seed of minibatch shuffling (rollout seeds come from the data module).
     """
@@ -86,6 +88,7 @@ class AgentRLModule(pl.LightningModule, RunView):
         critic: CriticSettings | None = None,
         micro_batch_tokens: int = 256,
         pack_turns: bool = True,
+        share_prefixes: bool = False,
         peak_flops: float | None = None,
         seed: int = 0,
     ) -> None:
@@ -100,9 +103,8 @@ class AgentRLModule(pl.LightningModule, RunView):
         self.critic: TurnCritic | None = None
         if algorithm.needs_critic:
             self.critic = TurnCritic(policy, shared_backbone=self.critic_settings.shared_backbone)
-        self.micro_batch_tokens = micro_batch_tokens
-        self.pack_turns = pack_turns
-        self.peak_flops = peak_flops
+        self.micro_batch_tokens, self.peak_flops = micro_batch_tokens, peak_flops
+        self.pack_turns, self.share_prefixes = pack_turns, share_prefixes
         self.rl_step = 0
         self.generated_tokens = 0  # sampled for training, all ranks, over the run (the learning budget's axis)
         self.policy_version = 0
@@ -330,7 +332,7 @@ class AgentRLModule(pl.LightningModule, RunView):
         if critic is None:
             raise RuntimeError("this schedule has no critic")
         with self.step_progress.phase("scoring"):
-            scored = self.row_plan.score(trajectories, keys, lambda b: critic(b.input_ids, b.attention_mask))
+            scored = self.row_plan.score(trajectories, keys, lambda b: critic(b.input_ids, b.attention_mask, b.branch))
         return {key: v.tolist() for key, v in scored.items()}
 
     @torch.no_grad()
@@ -383,7 +385,7 @@ class AgentRLModule(pl.LightningModule, RunView):
     @property
     def row_plan(self) -> RowPlan:
         return RowPlan(self.micro_batch_tokens, self.pack_turns, self.pad_id, self.device,
-                       lockstep=bool(self._full_policy))
+                       lockstep=bool(self._full_policy), shared=self.share_prefixes)
 
     # ------------------------------------------------------------------ the training step
 

@@ -68,11 +68,12 @@ def ppo_objective(
             the value warm-up): with a critic of its own backbone, the policy's forward is skipped altogether.
     """
     if not policy_terms and critic is not None and critic.backbone is not None and not lockstep:
-        return _value_objective(critic, batch, ppo, vf_coef, shares, critic.hidden_states(batch.input_ids,
-                                                                                           batch.attention_mask))
-    hidden = policy.hidden_states(batch.input_ids, batch.attention_mask)
+        return _value_objective(critic, batch, ppo, vf_coef, shares, critic.hidden_states(
+            batch.input_ids, batch.attention_mask, batch.branch))
+    hidden = policy.hidden_states(batch.input_ids, batch.attention_mask, batch.branch)
     lp = policy.logprobs_from_hidden(hidden, batch.input_ids, batch.response_mask, temperature=temperature,
-                                     with_entropy=True, entropy_grad=ppo.entropy_coef > 0)
+                                     with_entropy=True, entropy_grad=ppo.entropy_coef > 0,
+                                     attention_mask=batch.attention_mask, branch=batch.branch)
     pl_out = ppo_policy_loss(
         lp.logprobs, batch.old_logprobs, batch.advantages, batch.response_mask, clip_low=ppo.clip_low,
         clip_high=ppo.clip_high, turn_ids=batch.turn_ids, ratio=ppo.ratio, aggregate=ppo.aggregator,
@@ -87,14 +88,16 @@ def ppo_objective(
              "train/clipfrac": pl_out.clipfrac.item() * shares.tokens}
     if ppo.kl_coef > 0:
         with torch.no_grad(), policy.adapter_disabled():
-            ref = policy.logprobs_from_hidden(policy.hidden_states(batch.input_ids, batch.attention_mask),
-                                              batch.input_ids, batch.response_mask, temperature=temperature).logprobs
+            ref = policy.logprobs_from_hidden(
+                policy.hidden_states(batch.input_ids, batch.attention_mask, batch.branch), batch.input_ids,
+                batch.response_mask, temperature=temperature, attention_mask=batch.attention_mask,
+                branch=batch.branch).logprobs
         kl = ppo.aggregator(kl_k3(lp.logprobs, ref) * batch.units, batch.response_mask, batch.turn_ids)
         loss = loss + ppo.kl_coef * kl * share
         stats["train/kl_ref"] = kl.item() * share
     if critic is not None and (lockstep or bool(batch.value_mask.any())):
-        critic_hidden = hidden if critic.backbone is None else critic.hidden_states(batch.input_ids,
-                                                                                    batch.attention_mask)
+        critic_hidden = hidden if critic.backbone is None else critic.hidden_states(
+            batch.input_ids, batch.attention_mask, batch.branch)
         value_loss, value_stats = _value_objective(critic, batch, ppo, vf_coef, shares, critic_hidden)
         loss = loss + value_loss
         stats |= value_stats
@@ -105,7 +108,7 @@ def _value_objective(critic: TurnCritic, batch: TurnBatch, ppo: PPOSettings, vf_
                      hidden: Tensor) -> tuple[Tensor, dict[str, float]]:
     """The critic's clipped value loss of ``batch`` from its hidden states, scaled by the micro-batch's share of
     the minibatch's value targets, and its statistics."""
-    values = critic.values_from_hidden(hidden)
+    values = critic.values_from_hidden(hidden, batch.attention_mask, batch.branch)
     vl = clipped_value_loss(values, batch.old_values, batch.returns, batch.value_mask, clip=ppo.value_clip)
     v_share = float(batch.value_mask.sum()) / max(shares.value_units, 1)
     stats = {}

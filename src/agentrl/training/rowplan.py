@@ -39,6 +39,7 @@ class RowPlan:
         device: Where batches go.
         lockstep: Weights are sharded: every rank runs as many forwards as the rank with the most micro-batches
             (`agentrl.training.sharding`).
+        shared: Rows with equal contexts share their prefix in a micro-batch (`batching.share_prefixes`).
     """
 
     micro_batch_tokens: int
@@ -46,6 +47,7 @@ class RowPlan:
     pad_id: int
     device: torch.device
     lockstep: bool = False
+    shared: bool = False
 
     def rows(self, trajectories: Sequence[Trajectory], targets: dict[TurnKey, TurnTargets]) -> list[Row]:
         """Rows of the turns named in ``targets`` (rows without a response token dropped)."""
@@ -55,7 +57,7 @@ class RowPlan:
     def micro_batches(self, rows: Sequence[Row]) -> list[list[Row]]:
         """``rows`` split by the token budget; under lockstep padded with empty micro-batches to the largest count
         over the ranks (a collective)."""
-        micro = micro_batches(rows, self.micro_batch_tokens)
+        micro = micro_batches(rows, self.micro_batch_tokens, shared=self.shared)
         if not self.lockstep:
             return micro
         return pad_micro_batches(micro, distributed.sync_max(len(micro), self.device), self.pad_id)
@@ -69,8 +71,8 @@ class RowPlan:
         rows = pack_rows(trajectories, context_targets(keys), pack=self.pack)
         # forwards are collectives under lockstep: as many as the rank with the most micro-batches. The ranks agree
         # on that count (itself a collective) before any forward, so that no rank's count meets another's forward.
-        padding = self.micro_batches(rows)[len(micro_batches(rows, self.micro_batch_tokens)):]
-        out = score_turns(rows, self.micro_batch_tokens, self.pad_id, self.device, fn)
+        padding = self.micro_batches(rows)[len(micro_batches(rows, self.micro_batch_tokens, shared=self.shared)):]
+        out = score_turns(rows, self.micro_batch_tokens, self.pad_id, self.device, fn, shared=self.shared)
         for micro in padding:
             fn(self.batch(micro))
         return out
