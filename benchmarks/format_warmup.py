@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             loss.backward()
             optim.step()
             optim.zero_grad(set_to_none=True)
-            losses.append(float(loss))
+            losses.append(loss.item())
             print(f"[warmup] epoch {epoch} batch {b // args.batch}: loss {losses[-1]:.3f}", flush=True)
     model.eval()
     after = valid_rate(tok, model, args.check, 12, args.seed, args.env)
