@@ -215,10 +215,12 @@ def settings_digest(env: str, schedule: str, extra: list[str]) -> str:
     return hashlib.sha256(json.dumps([parsed, list(extra)], sort_keys=True).encode()).hexdigest()[:16]
 
 
-def finished(folder: Path, lr: float | None, sweep: bool, settings: str | None = None) -> bool:
+def finished(folder: Path, lr: float | None, sweep: bool, settings: str | None = None,
+             source: str = "chosen by the sweep") -> bool:
     """Whether the cell in ``folder`` has run: it has a summary under the current `CELL_RULES` and, when it
-    records one, the current ``settings`` digest (`settings_digest`), and a cell asked for at a sweep-chosen ``lr``
-    ran at that lr (a summary from a run at the configs' lr, or at another choice, is not this cell's result)."""
+    records one, the current ``settings`` digest (`settings_digest`), and a cell asked for at an ``lr`` from
+    ``source`` (chosen by the sweep, or given by ``--lr``) ran at that lr (a summary from a run at the configs' lr,
+    or at another choice, is not this cell's result)."""
     f = folder / "summary.json"
     if not f.exists():
         return False
@@ -229,7 +231,7 @@ def finished(folder: Path, lr: float | None, sweep: bool, settings: str | None =
         return False
     if lr is None or sweep:
         return True
-    return bool(done.get("lr_source") == "chosen by the sweep" and done.get("lr") == lr)
+    return bool(done.get("lr_source") == source and done.get("lr") == lr)
 
 
 def config_value(env: str, schedule: str, *keys: str) -> Any:
@@ -243,13 +245,28 @@ def config_value(env: str, schedule: str, *keys: str) -> Any:
     return value
 
 
+def lr_conflict(args: argparse.Namespace, sweeping: bool) -> str | None:
+    """What is wrong with the learning-rate arguments taken together, or None."""
+    if sweeping and args.lr_from_sweep:
+        return "--lrs (run the sweep) and --lr-from-sweep (use its choice) are two different invocations"
+    if args.lr is not None and (sweeping or args.lr_from_sweep):
+        return "--lr (one given rate) goes without --lrs and --lr-from-sweep"
+    return None
+
+
+def lr_source(args: argparse.Namespace, sweep: bool) -> str:
+    """Where a cell's learning rate comes from, as its summary and its MLflow tags record it."""
+    return "sweep" if sweep else ("given" if getattr(args, "lr", None) is not None else "chosen by the sweep")
+
+
 def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr: float | None = None,
              sweep: bool = False) -> dict[str, Any] | None:
     """One cell; ``lr`` overrides the configs' policy learning rate, ``sweep`` plays no held-out games."""
     folder = cell_folder(args.out, env, schedule, seed, lr, sweep)
     name = folder.relative_to(args.out).as_posix()  # e.g. frozenlake/rtpo/seed0, sweep/frozenlake/rtpo/lr1e-05/seed10
     settings = settings_digest(env, schedule, args.extra)
-    if finished(folder, lr, sweep, settings):
+    source = lr_source(args, sweep)
+    if finished(folder, lr, sweep, settings, source):
         print(f"[learning] {name}: finished earlier, skipped", flush=True)
         return json.loads((folder / "summary.json").read_text())
     if folder.exists():  # a partial cell from an interrupted sitting, or one run at another lr: start it again
@@ -262,7 +279,7 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
         cell["data"].update(NO_EVAL)  # the choice never looks at the held-out games
     if lr is not None:
         mlflow_args = cell["trainer"]["logger"][1]["init_args"]
-        mlflow_args["tags"] |= {"lr": f"{lr:g}", "lr_source": "sweep" if sweep else "chosen by the sweep"}
+        mlflow_args["tags"] |= {"lr": f"{lr:g}", "lr_source": source}
         mlflow_args["run_name"] += f"-{lr_name(lr)}" if sweep else ""
         critic_lr = config_value(env, schedule, "model", "optim", "critic_lr")  # stated, not left to a merge
         cell["model"]["optim"] = {"lr": lr} | ({"critic_lr": critic_lr} if critic_lr is not None else {})
@@ -291,7 +308,7 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
         return None
     summary = summarize(folder / "metrics.csv", env, schedule, seed, wall, cpu, need_evals=not sweep)
     summary["lr"] = lr if lr is not None else config_value(env, schedule, "model", "optim", "lr")
-    summary["lr_source"] = "sweep" if sweep else ("chosen by the sweep" if lr is not None else "config")
+    summary["lr_source"] = source if lr is not None else "config"
     summary["rules"] = CELL_RULES
     summary["settings"] = settings
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -357,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="sweep these policy learning rates (the protocol of benchmarks/learning_sweep.py; no held-out "
                         f"games); --lrs alone sweeps {' '.join(f'{x:g}' for x in DEFAULT_LRS)} ("
                         + "; ".join(f"{k} {' '.join(f'{x:g}' for x in v)}" for k, v in SCHEDULE_LRS.items()) + ")")
+    p.add_argument("--lr", type=float, default=None,
+                   help="run every cell at this policy learning rate: an ablation outside the protocol (recorded as "
+                        "lr_source 'given'; use its own --out)")
     p.add_argument("--lr-from-sweep", action="store_true",
                    help="run each schedule at the learning rate its sweep chose (<out>/sweep/<env>/chosen.json)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
@@ -374,8 +394,8 @@ def main(argv: list[str] | None = None) -> int:
                                             for s in args.schedules}
     if args.seeds is None:
         args.seeds = list(SWEEP_SEEDS) if sweeping else [0, 1, 2]
-    if sweeping and args.lr_from_sweep:
-        p.error("--lrs (run the sweep) and --lr-from-sweep (use its choice) are two different invocations")
+    if conflict := lr_conflict(args, sweeping):
+        p.error(conflict)
     args.out = args.out.resolve()
     if args.lr_from_sweep:  # every schedule's choice is known before the first cell runs
         for env in args.env:
@@ -388,8 +408,9 @@ def main(argv: list[str] | None = None) -> int:
         ran = 0
         for env, schedule, seed, swept in todo:
             lr = chosen_lr(args.out, env_setting(env)[0], schedule) if args.lr_from_sweep else swept
+            lr = args.lr if args.lr is not None else lr
             folder = cell_folder(args.out, env, schedule, seed, lr, sweeping)
-            if finished(folder, lr, sweeping, settings_digest(env, schedule, args.extra)):
+            if finished(folder, lr, sweeping, settings_digest(env, schedule, args.extra), lr_source(args, sweeping)):
                 run_cell(env, schedule, seed, args, lr=lr, sweep=sweeping)
                 continue
             if args.max_cells is not None and ran >= args.max_cells:

@@ -71,6 +71,23 @@ def test_a_cell_asked_for_at_the_chosen_lr_is_not_an_earlier_run_at_another(tmp_
     assert finished(tmp_path, 5e-6, True)  # a sweep cell's folder is per lr already
 
 
+def test_a_given_lr_is_its_own_source(tmp_path: Path) -> None:
+    """An ablation at ``--lr`` is not the protocol's cell at the same rate, nor the reverse; --lr goes alone."""
+    import argparse
+
+    from learning import finished, lr_conflict, lr_source
+
+    (tmp_path / "summary.json").write_text('{"lr": 2e-05, "lr_source": "chosen by the sweep"}')
+    assert finished(tmp_path, 2e-5, False) and not finished(tmp_path, 2e-5, False, source="given")
+    (tmp_path / "summary.json").write_text('{"lr": 2e-05, "lr_source": "given"}')
+    assert finished(tmp_path, 2e-5, False, source="given") and not finished(tmp_path, 2e-5, False)
+    given = argparse.Namespace(lr=2e-5, lr_from_sweep=False)
+    assert lr_source(given, False) == "given" and lr_conflict(given, False) is None
+    assert lr_source(argparse.Namespace(lr=None, lr_from_sweep=True), False) == "chosen by the sweep"
+    assert lr_conflict(argparse.Namespace(lr=2e-5, lr_from_sweep=True), False) is not None
+    assert lr_conflict(given, True) is not None
+
+
 def test_a_cell_of_older_rules_runs_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import learning
     from learning import finished
