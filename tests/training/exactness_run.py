@@ -45,27 +45,44 @@ def _turns(rng: random.Random, n_turns: int) -> list[Turn]:
     return turns
 
 
-def _trajectory(seed: tuple[Any, ...], n_turns: int, group: int) -> Trajectory:
+def _trajectory(seed: tuple[Any, ...], n_turns: int, group: int, replay: list[Turn] | None = None) -> Trajectory:
+    """Random turns; with ``replay``, those turns first (their ids unchanged), then new turns from the context of
+    the last one (an RTPO sibling's replayed prefix; a GRPO group's shared first prompt when it is one turn)."""
     rng = random.Random(repr(seed))
-    turns = _turns(rng, n_turns)
+    if replay:
+        turns = [Turn(list(t.prompt_ids), list(t.response_ids), list(t.logprobs), index=t.index) for t in replay]
+        turns[-1].response_ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(2, 6))]
+        turns[-1].logprobs = [0.0] * len(turns[-1].response_ids)
+        context = turns[-1].prompt_ids + turns[-1].response_ids
+        for k in range(len(turns), n_turns):
+            context = context + [rng.randrange(3, VOCAB) for _ in range(rng.randint(2, 5))]
+            response = [rng.randrange(3, VOCAB) for _ in range(rng.randint(2, 6))]
+            turns.append(Turn(list(context), response, [0.0] * len(response), index=k, reward=0.0))
+            context = context + response
+    else:
+        turns = _turns(rng, n_turns)
     turns[-1].reward = rng.choice([-1.0, 0.0, 0.5, 1.0])
     return Trajectory(turns=turns, group=group, terminated=True)
 
 
-def _groups(schedule: str) -> list[list[Trajectory]]:
-    """Per group: its trajectories (GRPO: 3 with 1–4 turns; PPO: 1 each)."""
+def _groups(schedule: str, shared: bool = False) -> list[list[Trajectory]]:
+    """Per group: its trajectories (GRPO: 3 with 1–4 turns; PPO: 1 each); ``shared``: a group's trajectories
+    start from one first prompt."""
     size = 3 if schedule == "grpo" else 1
-    return [[_trajectory(("g", g, j), 1 + (g + j) % 4, g) for j in range(size)] for g in range(GROUPS)]
+    first = [_trajectory(("first", g), 1, g).turns if shared else None for g in range(GROUPS)]
+    return [[_trajectory(("g", g, j), 1 + (g + j) % 4, g, first[g]) for j in range(size)] for g in range(GROUPS)]
 
 
-def _rtpo_batches() -> list[list[list[Trajectory]]]:
+def _rtpo_batches(shared: bool = False) -> list[list[list[Trajectory]]]:
     """Per trunk: [trunk], then its siblings at depth K−1 … 0 (K = 3): trunk 0 has one turn (no siblings at depths
-    2 and 1), the others three; two siblings per trunk and depth, each continuing to its own end."""
+    2 and 1), the others three; two siblings per trunk and depth, each continuing to its own end. ``shared``: a
+    sibling at depth k replays the trunk's turns 0..k (the same context at turn k), as RTPO's do."""
     out = []
     for g in range(GROUPS):
         depth = 1 if g == 0 else 3
         trunk = _trajectory(("trunk", g), depth, g)
-        per_depth = [[_trajectory(("sib", g, k, j), k + 1 + j, g) if k < depth else None for j in range(2)]
+        per_depth = [[_trajectory(("sib", g, k, j), k + 1 + j, g, trunk.turns[:k + 1] if shared else None)
+                      if k < depth else None for j in range(2)]
                      for k in reversed(range(3))]
         out.append([[trunk]] + [[s for s in sibs if s is not None] for sibs in per_depth])
     return out
@@ -131,6 +148,23 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return full() if callable(full) else t
 
 
+def _count_shared_batches() -> list[int]:
+    """A counter of the collated micro-batches that hold shared-prefix rows (this rank), from now on."""
+    from agentrl.training import rowplan
+
+    count = [0]
+    collate = getattr(rowplan.collate, "__wrapped__", rowplan.collate)
+
+    def counting(rows: Any, pad_id: int) -> Any:
+        batch = collate(rows, pad_id)
+        count[0] += batch.branch is not None
+        return batch
+
+    counting.__wrapped__ = collate  # type: ignore[attr-defined]
+    rowplan.collate = counting  # type: ignore[assignment]
+    return count
+
+
 def _strategy(name: str, devices: int) -> Any:
     if devices == 1:
         return "auto"
@@ -142,6 +176,7 @@ def _strategy(name: str, devices: int) -> Any:
 
 
 SCHEDULES = {"grpo": GRPO, "turn_ppo": TurnPPO, "token_ppo": TokenPPO, "rtpo": RTPO}
+SHARED_SCHEDULES = ("grpo", "rtpo")  # their episodes share contexts (a group's prompt; RTPO's siblings)
 
 
 def main() -> None:
@@ -163,11 +198,18 @@ def main() -> None:
             run(name, args.devices, args.strategy, False, Path(f"{args.out}.{name}.pt"))
         for name in MISMATCH_SCHEDULES:
             run(name, args.devices, args.strategy, False, Path(f"{args.out}.{name}.mismatch.pt"), mismatch=True)
+        for name in SHARED_SCHEDULES:  # episodes with common contexts: separate rows, then shared-prefix rows
+            run(name, args.devices, args.strategy, False, Path(f"{args.out}.{name}.contexts.pt"), contexts=True)
+            run(name, args.devices, args.strategy, False, Path(f"{args.out}.{name}.shared.pt"), contexts=True,
+                shared=True)
         return
     run(args.schedule, args.devices, args.strategy, args.rollouts, args.out, mismatch=args.mismatch)
 
 
-def run(name: str, devices: int, strategy: str, rollouts: bool, out: Path, *, mismatch: bool = False) -> None:
+def run(name: str, devices: int, strategy: str, rollouts: bool, out: Path, *, mismatch: bool = False,
+        contexts: bool = False, shared: bool = False) -> None:
+    """``contexts``: a group's (RTPO: a trunk's siblings') episodes share their contexts; ``shared``: rows with one
+    context forwarded as shared-prefix rows (`model.share_prefixes`)."""
     rank, world = int(os.environ.get("LOCAL_RANK", "0")), devices
     kw: dict[str, Any] = {"ppo": PPOSettings(epochs=2, recompute_old_logprobs=True if mismatch else None)}
     if name in ("grpo", "rtpo"):
@@ -177,16 +219,17 @@ def run(name: str, devices: int, strategy: str, rollouts: bool, out: Path, *, mi
         data = guess_data(batch_size=6, steps=1)
     else:
         if name == "rtpo":
-            per_group = _rtpo_batches()
+            per_group = _rtpo_batches(contexts)
             mine = per_group[:1] if (world == 2 and rank == 0) else per_group[1:] if world == 2 else per_group
             batches = [[t for g in mine for t in g[i]] for i in range(4)]
         else:
-            groups = _groups(name)
+            groups = _groups(name, contexts)
             mine = groups[:1] if (world == 2 and rank == 0) else groups[1:] if world == 2 else groups
             batches = [[t for g in mine for t in g]]
         schedule = fixed_schedule(SCHEDULES[name], batches, **kw)
         data = letter_data(batch_size=6, steps=1)
-    module = make_module(schedule, micro_batch_tokens=64, optim=None)
+    module = make_module(schedule, micro_batch_tokens=64, optim=None, share_prefixes=shared)
+    branched = _count_shared_batches()
     if not rollouts:
         for batch in batches:
             _score_logprobs(module, batch, mismatch)
@@ -203,7 +246,8 @@ def run(name: str, devices: int, strategy: str, rollouts: bool, out: Path, *, mi
     if rank == 0:
         params = {n: p.detach().clone() for n, p in params.items()}
         torch.save({"grads": grads.grads, "params": params, "metrics": module.last_metrics,
-                    "world_size": trainer.world_size, "strategy": type(trainer.strategy).__name__}, out)
+                    "shared_batches": branched[0], "world_size": trainer.world_size,
+                    "strategy": type(trainer.strategy).__name__}, out)
 
 
 if __name__ == "__main__":

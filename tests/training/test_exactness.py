@@ -44,7 +44,8 @@ def _updates(tmp_path: Path, devices: int, strategy: str, schedule: str) -> dict
         out = tmp_path / f"{key[0]}-{key[1]}"
         _run(tmp_path, "--schedule", "all", "--devices", str(devices), "--strategy", strategy, "--out", str(out))
         _RUNS[key] = {name: torch.load(f"{out}.{name}.pt", weights_only=True)
-                      for name in ("grpo", "turn_ppo", "token_ppo", "rtpo", "turn_ppo.mismatch", "rtpo.mismatch")}
+                      for name in ("grpo", "turn_ppo", "token_ppo", "rtpo", "turn_ppo.mismatch", "rtpo.mismatch",
+                                   "grpo.contexts", "rtpo.contexts", "grpo.shared", "rtpo.shared")}
         strategy_class = {"one": "SingleDeviceStrategy", "ddp": "DDPStrategy", "fsdp": "ModelParallelStrategy"}
         for record in _RUNS[key].values():  # each run was made where it says: not one process standing in for two
             assert (record["world_size"], record["strategy"]) == (devices, strategy_class[key[1]])
@@ -105,6 +106,19 @@ def test_two_ranks_recompute_and_correct_as_one_process_does(tmp_path: Path, sch
     for name in ("rollout/recomputed_tokens", "rollout/logprob_max_abs_diff", "rollout/logprob_mismatch_kl",
                  "rollout/is_corrected_frac", "rollout/is_weight_mean"):
         assert m2[name] == pytest.approx(m1[name], rel=1e-6, abs=1e-6), name  # type: ignore[index]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("exactness")
+@pytest.mark.parametrize(("schedule", "strategy"), [("grpo", "ddp"), ("rtpo", "fsdp")])
+def test_shared_prefixes_on_two_ranks_make_the_one_process_update(tmp_path: Path, schedule: str,
+                                                                   strategy: str) -> None:
+    """`model.share_prefixes` on two ranks (under FSDP the lockstep counts the merged micro-batches) gives the
+    update one process makes with separate rows, on episodes whose contexts are shared (a GRPO group's first prompt,
+    RTPO's siblings' replayed prefix)."""
+    one, two = _one_process(tmp_path, f"{schedule}.contexts"), _updates(tmp_path, 2, strategy, f"{schedule}.shared")
+    assert one["shared_batches"] == 0 and two["shared_batches"] > 0  # type: ignore[operator]
+    _assert_same_update(one, two, {"grpo": 2, "rtpo": 6}[schedule])
 
 
 @pytest.mark.slow
