@@ -27,8 +27,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from train_throughput import _NoAgent  # the schedule hands the module fixed trajectories: nothing is collected
 
-from agentrl.agents.base import Outcome, Task
+from agentrl.agents.base import Task
 from agentrl.engines.base import SamplingParams
 from agentrl.models.policy import Policy
 from agentrl.models.precision import cpu_identity
@@ -78,11 +79,6 @@ class TimedDepths(Schedule):
             self.seconds.append(time.perf_counter() - start)
             self.tokens.append(module.ppo_update.take_costs().get("train_tokens", 0.0))
         return {}
-
-
-class _NoAgent:
-    async def run(self, task: Task, llm: Any) -> Outcome:
-        raise RuntimeError("the benchmark collects nothing")
 
 
 def measure(policy: Policy, depths: list[list[Trajectory]], shared: bool, repeats: int) -> dict[str, float]:

@@ -7,6 +7,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
+import torch
 
 from agentrl.agents.base import Outcome, Task
 from agentrl.agents.env_agent import EnvAgent
@@ -49,6 +50,18 @@ def guess_data(batch_size: int = 4, steps: int = 2, **kw: Any) -> RolloutDataMod
 def lake_data(batch_size: int = 4, steps: int = 2, **kw: Any) -> RolloutDataModule:
     agent = EnvAgent(FrozenLakeEnv(size=3, holes=0, max_turns=4))
     return RolloutDataModule(agent, batch_size=batch_size, steps=steps, sampling=SamplingParams(max_tokens=6), **kw)
+
+
+class GradProbe(pl.Callback):
+    """The accumulated gradient of the first optimizer step, per parameter (before clipping and Adam)."""
+
+    def __init__(self) -> None:
+        self.grads: dict[str, torch.Tensor] = {}
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: Any, optimizer: Any) -> None:
+        for name, p in pl_module.named_parameters():
+            if p.grad is not None and name not in self.grads:
+                self.grads[name] = p.grad.detach().clone()
 
 
 def make_module(schedule: Schedule, *, seed: int = 0, **kw: Any) -> AgentRLModule:

@@ -14,19 +14,7 @@ from agentrl.training.datamodule import RolloutDataModule
 from agentrl.training.module import AgentRLModule
 from agentrl.training.schedules import GRPO, TurnPPO
 from agentrl.training.settings import PPOSettings
-from tests.training.helpers import fit, guess_data, letter_data, make_module
-
-
-class GradProbe(pl.Callback):
-    """The accumulated gradient of the first optimizer step, per parameter (before clipping and Adam)."""
-
-    def __init__(self) -> None:
-        self.grads: dict[str, torch.Tensor] = {}
-
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: Any, optimizer: Any) -> None:
-        for name, p in pl_module.named_parameters():
-            if p.grad is not None and name not in self.grads:
-                self.grads[name] = p.grad.detach().clone()
+from tests.training.helpers import GradProbe, fit, guess_data, letter_data, make_module
 
 
 def _grads(schedule: str, budget: int, pack: bool = False) -> dict[str, torch.Tensor]:

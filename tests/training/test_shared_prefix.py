@@ -18,8 +18,7 @@ from agentrl.training.rtpo import RTPO
 from agentrl.training.schedules import GRPO
 from agentrl.training.settings import PPOSettings
 from agentrl.types import Trajectory, Turn
-from tests.training.helpers import fit, guess_data, letter_data, make_module
-from tests.training.test_invariants import GradProbe
+from tests.training.helpers import GradProbe, fit, guess_data, letter_data, make_module
 
 
 def test_layout_by_hand() -> None:
@@ -33,6 +32,8 @@ def test_layout_by_hand() -> None:
     assert seen[5] == [1, 1, 1, 0, 0, 1, 0, 0, 0]  # b0: the prefix and itself
     assert seen[7] == [1, 1, 1, 0, 0, 1, 1, 1, 0]  # b2: the prefix and its own branch
     assert seen[8] == [1, 1, 1, 0, 0, 0, 0, 0, 0]  # padding: the prefix only (never an empty row)
+    with pytest.raises(ValueError, match="attention_mask"):  # scoring a shared-prefix row needs its padding mask
+        tree.scoring_states(torch.zeros(1, 9, 4), attention.bool(), None, branch)
     # no branches: the ordinary padding-safe positions
     assert tree.position_ids(attention, None)[0, :8].tolist() == list(range(8))
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 
-import torch
 from torch import Tensor, nn
 
 from agentrl.models import tree
@@ -65,9 +64,7 @@ class TurnCritic(nn.Module):
         """(N, L) values aligned to tokens: ``values[:, t] = head(hidden[:, t − 1])``, ``values[:, 0] = 0`` (in
         shared-prefix rows, ``branch`` with its ``attention_mask``: the hidden state of t's predecessor)."""
         v = self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).float()
-        if tree.has_branches(branch) and attention_mask is None:
-            raise ValueError("shared-prefix rows (branch) are scored with their attention_mask")
-        return tree.shift_to_tokens(v, attention_mask if attention_mask is not None else torch.ones_like(v), branch)
+        return tree.shift_to_tokens(v, attention_mask, branch)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, branch: Tensor | None = None) -> Tensor:
         return self.values_from_hidden(self.hidden_states(input_ids, attention_mask, branch), attention_mask, branch)

@@ -231,10 +231,7 @@ class Policy(nn.Module):
         """
         if bool(positions[:, 0].any()):
             raise ValueError("position 0 has no context and cannot be scored")
-        if tree.has_branches(branch) and attention_mask is None:
-            raise ValueError("shared-prefix rows (branch) are scored with their attention_mask")
-        mask = attention_mask if attention_mask is not None else torch.ones_like(positions)
-        h = tree.scoring_states(hidden, positions, mask, branch)  # (M, H): the state before each scored token
+        h = tree.scoring_states(hidden, positions, attention_mask, branch)  # (M, H): the state before each scored token
         targets = input_ids[positions]
         checkpointed = torch.is_grad_enabled() and h.requires_grad and h.shape[0] > 0
         parts: list[tuple[Tensor, Tensor | None]] = []

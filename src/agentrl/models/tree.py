@@ -18,8 +18,9 @@ and the forward pass makes each branch see only the prefix and itself:
   branch's first token from the prefix's last token (b0 from p3, not from a1), every other token from t − 1.
 
 Each token then has exactly the context it has in its own row, so log-probs, entropies and values equal the
-separate rows' up to floating-point summation order (a test checks it). A batch without branches (``branch`` None
-or all zero) takes the ordinary path: the model's own causal mask and ``t − 1``.
+separate rows' up to floating-point summation order (a test checks it). A batch without shared-prefix rows has
+``branch`` None (`agentrl.training.batching.collate`) and takes the ordinary path: the model's own causal mask and
+``t − 1``. (Whether a batch has branches is decided by None, never by reading the tensor: no device sync.)
 """
 
 from __future__ import annotations
@@ -34,7 +35,16 @@ SUPPORTED_ATTENTION = ("sdpa", "eager")
 
 
 def has_branches(branch: Tensor | None) -> bool:
-    return branch is not None and bool(branch.any())
+    return branch is not None
+
+
+def _mask_for(branch: Tensor | None, attention_mask: Tensor | None, like: Tensor) -> Tensor:
+    """The padding mask scoring reads: required with shared-prefix rows, all ones otherwise (it is unused there)."""
+    if attention_mask is not None:
+        return attention_mask
+    if has_branches(branch):
+        raise ValueError("shared-prefix rows (branch) are scored with their attention_mask")
+    return torch.ones(like.shape[:2], dtype=torch.long, device=like.device)
 
 
 def visibility(attention_mask: Tensor, branch: Tensor) -> Tensor:
@@ -83,8 +93,10 @@ def model_mask(model: Any, attention_mask: Tensor, branch: Tensor | None) -> Ten
         ~seen, torch.finfo(torch.float32).min)
 
 
-def scoring_states(hidden: Tensor, positions: Tensor, attention_mask: Tensor, branch: Tensor | None) -> Tensor:
+def scoring_states(hidden: Tensor, positions: Tensor, attention_mask: Tensor | None,
+                   branch: Tensor | None) -> Tensor:
     """(M, H): the hidden state that scores each True position of ``positions`` (N, L), in row-major order."""
+    attention_mask = _mask_for(branch, attention_mask, positions)
     if not has_branches(branch):
         pred = torch.zeros_like(positions)
         pred[:, :-1] = positions[:, 1:]
@@ -94,8 +106,9 @@ def scoring_states(hidden: Tensor, positions: Tensor, attention_mask: Tensor, br
     return hidden[rows, predecessors(attention_mask, branch)[rows, cols]]
 
 
-def shift_to_tokens(per_state: Tensor, attention_mask: Tensor, branch: Tensor | None) -> Tensor:
+def shift_to_tokens(per_state: Tensor, attention_mask: Tensor | None, branch: Tensor | None) -> Tensor:
     """(N, L) values aligned to tokens: ``out[:, t]`` is ``per_state`` at t's predecessor (0 at position 0)."""
+    attention_mask = _mask_for(branch, attention_mask, per_state)
     out = torch.zeros_like(per_state)
     if not has_branches(branch):
         out[:, 1:] = per_state[:, :-1]
