@@ -43,6 +43,9 @@ def test_an_fp32_copy_trains_as_the_shared_engine_and_logs_its_push() -> None:
         assert m["perf/engine_push_s"] > 0
         assert m["perf/engine_weights_mib"] >= 4 * params / 2**20  # the fp32 copy (and its buffers)
     assert all(m["perf/engine_weights_mib"] == 0 for m in shared)
+    for run in (shared, copied):  # the resident set after each step and the process's peak so far (Linux)
+        peaks = [m["perf/peak_rss_mib"] for m in run]
+        assert all(0 < m["perf/rss_mib"] <= m["perf/peak_rss_mib"] for m in run) and peaks == sorted(peaks)
 
 
 def test_a_bf16_copy_makes_the_trainer_recompute_pi_old() -> None:

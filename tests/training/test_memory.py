@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from agentrl.models.memory import release_memory
+from agentrl.models.memory import release_memory, resident_mib
 from agentrl.training.schedules import GRPO
 from agentrl.training.settings import PPOSettings
 from tests.training.helpers import fit, guess_data, make_module
@@ -73,3 +73,27 @@ def test_release_memory_gives_freed_heap_pages_back_on_glibc() -> None:
     returned = held - (_resident_bytes() - base)
     assert returned >= 48 * 2**20, f"{returned / 2**20:.1f} MiB of {held / 2**20:.1f} MiB went back"
     assert len(kept) == count // 64
+
+
+def test_resident_mib_reads_the_resident_set_and_its_peak(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nVmHWM:\t  4194304 kB\nVmRSS:\t  1048576 kB\nThreads:\t3\n")
+    assert resident_mib(status) == (1024.0, 4096.0)  # kB -> MiB, now and peak
+    assert resident_mib(tmp_path / "missing") is None
+    status.write_text("Name:\tpython\n")  # no Vm* lines (a kernel thread): no figures, no error
+    assert resident_mib(status) is None
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmRSS and VmHWM are Linux's")
+def test_resident_mib_sees_a_touched_allocation_in_the_resident_set_and_the_peak() -> None:
+    before = resident_mib()
+    assert before is not None and 0 < before[0] <= before[1]
+    block = torch.ones(256 * 2**20 // 4)  # 256 MiB, written: resident
+    during = resident_mib()
+    assert during is not None
+    assert during[0] - before[0] >= 240 and during[1] >= during[0]
+    del block
+    release_memory()
+    after = resident_mib()
+    # the peak keeps the high-water mark (the kernel updates it from per-thread counters: it may lag by a few pages)
+    assert after is not None and after[1] - before[0] >= 240 and after[0] < during[0]

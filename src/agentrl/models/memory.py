@@ -17,6 +17,7 @@ import ctypes.util
 import functools
 import gc
 from collections.abc import Callable
+from pathlib import Path
 
 
 @functools.cache
@@ -40,3 +41,15 @@ def release_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+def resident_mib(status: Path = Path("/proc/self/status")) -> tuple[float, float] | None:
+    """This process's resident set size now and its peak so far (``VmRSS``, ``VmHWM``), in MiB; None where there is
+    no procfs (the figures are Linux's). The peak is the kernel's high-water mark, the figure GNU ``time -v`` reports
+    at exit; it is never reset here (``/proc/self/clear_refs`` would reset what ``time -v`` reads too)."""
+    try:
+        fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        now, peak = (int(fields[key].split()[0]) / 1024 for key in ("VmRSS", "VmHWM"))  # kB
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+    return now, peak

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from agentrl.models.memory import resident_mib
+
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 2048, reps: int = 3) -> float:
     """Best-of-``reps`` FLOP/s of an n×n×n matmul on ``device`` in ``dtype``: the denominator of MFU, measured on
@@ -74,4 +76,7 @@ def step_perf_metrics(stats: Mapping[str, float], seconds: float, policy_version
         out["perf/engine_push_s"] = stats["engine_push_seconds"] / stats["engine_pushes"]
     if "engine_weights_bytes" in stats:
         out["perf/engine_weights_mib"] = stats["engine_weights_bytes"] / 2**20
+    memory = resident_mib()
+    if memory is not None:  # where a long run's memory goes: the resident set after each step, and its peak so far
+        out["perf/rss_mib"], out["perf/peak_rss_mib"] = memory
     return out
