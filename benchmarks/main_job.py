@@ -7,12 +7,16 @@ Each side runs in its own folder (its ``mlflow.db`` and checkpoints) under GNU `
 one JSON: wall time, user + system CPU, peak RSS, held-out success and return before and after, and the per-step
 figures (step seconds, rollout and update tokens/s, generated tokens, the behaviour-mismatch metrics), with the
 CPU identity beside ``machine``. The ratio old / new wall time is the figure of the comparison (both sides share
-the machine's load, so read the ratio rather than the absolute times).
+the machine's load, so read the ratio rather than the absolute times). Each log line is stamped with the seconds
+since the side started, and the JSON splits the wall time at the run's own lines (``phases``: start-up and the base
+evaluation, the steps, the final evaluation, the end: the final checkpoint and model). ``--sides new`` runs one side
+alone (for example the default at two threads on an idle machine).
 
 Usage::
 
     python benchmarks/main_job.py --old-src /path/to/old/checkout/src --out benchmarks/results/main_job_old_vs_new.json
     python benchmarks/main_job.py --old-args --model.engine.init_args.weights shared --new-args ...  # one tree
+    python benchmarks/main_job.py --sides new --threads 2 --out benchmarks/results/main_job_default_2threads.json
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import platform
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,22 +37,65 @@ from agentrl.models.precision import cpu_identity
 
 STEP_KEYS = ("perf/step_seconds", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/generated_tokens",
              "perf/engine_push_s", "perf/engine_weights_mib", "rollout/reward", "rollout/success",
-             "rollout/logprob_mismatch_kl", "rollout/recomputed_tokens", "train/approx_kl", "train/entropy")
+             "rollout/logprob_mismatch_kl", "rollout/recomputed_tokens", "train/approx_kl", "train/entropy",
+             "perf/rss_mib", "perf/peak_rss_mib")
+# the run's own lines that split its wall time (agentrl.training.progress, agentrl.training.evaluation)
+MARKS = {"base_eval_done": re.compile(r"^\[agentrl\] base evaluation"), "first_step": re.compile(r"^step\s+1/"),
+         "last_step": re.compile(r"^step\s+(\d+)/\1\b"),
+         "final_eval_done": re.compile(r"^\[agentrl\] final evaluation"), "done": re.compile(r"^\[agentrl\] done:")}
 
 
 def command(config: Path, extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "agentrl", "fit", "--config", str(config), *extra]
 
 
-def launch(name: str, folder: Path, cmd: list[str], src: Path | None, threads: int) -> subprocess.Popen[bytes]:
-    folder.mkdir(parents=True, exist_ok=True)
-    env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    if src is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    log = (folder / "log.txt").open("wb")
-    print(f"[{name}] {' '.join(cmd)}  (in {folder}, PYTHONPATH={env.get('PYTHONPATH', '')})", flush=True)
-    return subprocess.Popen(["/usr/bin/time", "-v", "-o", str(folder / "time.txt"), *cmd], cwd=folder, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
+class Side:
+    """One side's process, its log copied line by line with the seconds since its start, and when each of
+    ``MARKS`` first appeared."""
+
+    def __init__(self, name: str, folder: Path, cmd: list[str], src: Path | None, threads: int) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        if src is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        print(f"[{name}] {' '.join(cmd)}  (in {folder}, PYTHONPATH={env.get('PYTHONPATH', '')})", flush=True)
+        self.marks: dict[str, float] = {}
+        self.start = time.perf_counter()
+        self.proc = subprocess.Popen(["/usr/bin/time", "-v", "-o", str(folder / "time.txt"), *cmd], cwd=folder,
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self._copier = threading.Thread(target=self._copy, args=(folder / "log.txt",), daemon=True)
+        self._copier.start()
+
+    def _copy(self, path: Path) -> None:
+        assert self.proc.stdout is not None
+        with path.open("w") as log:
+            for raw in self.proc.stdout:
+                now = time.perf_counter() - self.start
+                line = raw.decode(errors="replace")
+                log.write(f"{now:8.1f} {line}")
+                log.flush()
+                for mark, pattern in MARKS.items():
+                    if mark not in self.marks and pattern.search(line.strip()):
+                        self.marks[mark] = now
+
+    def wait(self) -> int:
+        code = self.proc.wait()
+        self._copier.join()
+        self.marks["exit"] = time.perf_counter() - self.start
+        return code
+
+
+def phases(marks: dict[str, float]) -> dict[str, float]:
+    """Seconds of start-up + base evaluation, the steps (from the base evaluation's line to the last step's), the
+    final evaluation, and what followed it (checkpoint, final model, MLflow), from the marks found."""
+    order = ["base_eval_done", "last_step", "final_eval_done", "exit"]
+    names = ["start_and_base_eval", "steps", "final_eval", "end"]
+    out, previous = {}, 0.0
+    for mark, name in zip(order, names, strict=True):
+        if mark in marks:
+            out[name] = marks[mark] - previous
+            previous = marks[mark]
+    return out
 
 
 def gnu_time(path: Path) -> dict[str, float]:
@@ -96,6 +144,8 @@ def main() -> None:
                         help="overrides of the old side (repeat the flag: --old-args=--data.seed=1 --old-args=...)")
     parser.add_argument("--new-args", nargs="*", action="extend", default=[],
                         help="overrides of the new side (likewise)")
+    parser.add_argument("--sides", nargs="+", choices=["old", "new"], default=["old", "new"],
+                        help="run these sides only (one side alone: its figures, no ratio)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/agentrl-main-job"))
     parser.add_argument("--note", default="", help="the conditions in words, kept in the JSON")
@@ -104,9 +154,10 @@ def main() -> None:
     configs = {"old": (args.old_config or args.config).resolve(), "new": args.config.resolve()}
     sides = {"old": (args.old_src.resolve() if args.old_src else None, args.old_args),
              "new": (args.new_src.resolve() if args.new_src else None, args.new_args)}
+    sides = {name: side for name, side in sides.items() if name in args.sides}
     load_start = os.getloadavg()
     start = time.time()
-    procs = {name: launch(name, args.workdir / name, command(configs[name], extra), src, args.threads)
+    procs = {name: Side(name, args.workdir / name, command(configs[name], extra), src, args.threads)
              for name, (src, extra) in sides.items()}
     codes = {name: p.wait() for name, p in procs.items()}
     result: dict[str, Any] = {
@@ -119,15 +170,19 @@ def main() -> None:
         side: dict[str, Any] = {"command": " ".join(command(configs[name], extra)), "pythonpath": str(src or ""),
                                 "exit_code": codes[name]}
         side |= gnu_time(folder / "time.txt")
+        side["marks_seconds"] = procs[name].marks
+        side["phases_seconds"] = phases(procs[name].marks)
         if codes[name] == 0:
             side |= mlflow_figures(folder)
         result["sides"][name] = side
         ev = side.get("eval", {}).get("eval/success", [])
         print(f"[{name}] exit {codes[name]}, wall {side['wall_seconds'] / 60:.1f} min, peak RSS "
-              f"{side['peak_rss_mib'] / 1024:.2f} GiB, held-out success {' -> '.join(f'{x:.3f}' for x in ev)}")
-    old, new = result["sides"]["old"], result["sides"]["new"]
-    result["wall_ratio_old_over_new"] = old["wall_seconds"] / new["wall_seconds"]
-    print(f"wall time old / new: {result['wall_ratio_old_over_new']:.2f}x")
+              f"{side['peak_rss_mib'] / 1024:.2f} GiB, held-out success {' -> '.join(f'{x:.3f}' for x in ev)}; "
+              + ", ".join(f"{k} {v:.0f} s" for k, v in side["phases_seconds"].items()))
+    if len(result["sides"]) == 2:
+        old, new = result["sides"]["old"], result["sides"]["new"]
+        result["wall_ratio_old_over_new"] = old["wall_seconds"] / new["wall_seconds"]
+        print(f"wall time old / new: {result['wall_ratio_old_over_new']:.2f}x")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
