@@ -53,12 +53,14 @@ class Side:
     """One side's process, its log copied line by line with the seconds since its start, and when each of
     ``MARKS`` first appeared."""
 
-    def __init__(self, name: str, folder: Path, cmd: list[str], src: Path | None, threads: int) -> None:
+    def __init__(self, name: str, folder: Path, cmd: list[str], src: Path | None, threads: int,
+                 extra_env: dict[str, str] | None = None) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} | (extra_env or {})
         if src is not None:
             env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        print(f"[{name}] {' '.join(cmd)}  (in {folder}, PYTHONPATH={env.get('PYTHONPATH', '')})", flush=True)
+        print(f"[{name}] {' '.join(cmd)}  (in {folder}, PYTHONPATH={env.get('PYTHONPATH', '')}, "
+              f"env {extra_env or {}})", flush=True)
         self.marks: dict[str, float] = {}
         self.start = time.perf_counter()
         self.proc = subprocess.Popen(["/usr/bin/time", "-v", "-o", str(folder / "time.txt"), *cmd], cwd=folder,
@@ -144,6 +146,10 @@ def main() -> None:
                         help="overrides of the old side (repeat the flag: --old-args=--data.seed=1 --old-args=...)")
     parser.add_argument("--new-args", nargs="*", action="extend", default=[],
                         help="overrides of the new side (likewise)")
+    parser.add_argument("--old-env", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
+                        help="environment variables of the old side only")
+    parser.add_argument("--new-env", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
+                        help="environment variables of the new side only")
     parser.add_argument("--sides", nargs="+", choices=["old", "new"], default=["old", "new"],
                         help="run these sides only (one side alone: its figures, no ratio)")
     parser.add_argument("--threads", type=int, default=1)
@@ -157,7 +163,9 @@ def main() -> None:
     sides = {name: side for name, side in sides.items() if name in args.sides}
     load_start = os.getloadavg()
     start = time.time()
-    procs = {name: Side(name, args.workdir / name, command(configs[name], extra), src, args.threads)
+    envs = {name: dict(kv.split("=", 1) for kv in values)
+            for name, values in (("old", args.old_env), ("new", args.new_env))}
+    procs = {name: Side(name, args.workdir / name, command(configs[name], extra), src, args.threads, envs[name])
              for name, (src, extra) in sides.items()}
     codes = {name: p.wait() for name, p in procs.items()}
     result: dict[str, Any] = {
@@ -168,7 +176,7 @@ def main() -> None:
     for name, (src, extra) in sides.items():
         folder = args.workdir / name
         side: dict[str, Any] = {"command": " ".join(command(configs[name], extra)), "pythonpath": str(src or ""),
-                                "exit_code": codes[name]}
+                                "env": envs[name], "exit_code": codes[name]}
         side |= gnu_time(folder / "time.txt")
         side["marks_seconds"] = procs[name].marks
         side["phases_seconds"] = phases(procs[name].marks)
