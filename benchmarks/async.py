@@ -105,7 +105,8 @@ def one_run(args: argparse.Namespace, url: str, root: Path, name: str, s: int, s
     loop = sum(m["perf/step_seconds"] for m in steps)
     generated = int(sum(m.get("perf/generated_tokens", 0) for m in steps))
     return {
-        "schedule": name, "max_staleness": s, "seed": seed, "steps": len(steps), "loop_seconds": loop,
+        "schedule": name, "max_staleness": s, "seed": seed, "cpu": cpu_identity(), "steps": len(steps),
+        "loop_seconds": loop,
         "wall_seconds": time.perf_counter() - start, "generated_tokens": generated,
         "trained_tokens": module.trained_tokens, "tokens_per_s": (generated + module.trained_tokens) / loop,
         "staleness_max": max(m.get("rollout/staleness_max", 0.0) for m in steps),
@@ -142,14 +143,15 @@ def same_workload(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def earlier_runs(out: Path, workload: dict[str, Any]) -> list[dict[str, Any]]:
     """The runs a previous invocation wrote to ``out`` under the same workload (none if it differs: a run made with
-    another budget, model or learning rate is not comparable and is not mixed in)."""
+    another budget, model or learning rate is not comparable and is not mixed in). A run written before runs
+    carried their own ``cpu`` gets the file's (the machine of the invocation that wrote it)."""
     if not out.exists():
         return []
     old = json.loads(out.read_text())
     if not same_workload(old.get("workload", {}), workload):
         print(f"{out} holds runs of another workload: starting over (they are overwritten at the first run)")
         return []
-    return list(old.get("runs", []))
+    return [{"cpu": old.get("cpu")} | run for run in old.get("runs", [])]
 
 
 def run_key(r: dict[str, Any]) -> tuple[str, int, int]:

@@ -77,7 +77,8 @@ class Side:
                 log.write(f"{now:8.1f} {line}")
                 log.flush()
                 for mark, pattern in MARKS.items():
-                    if mark not in self.marks and pattern.search(line.strip()):
+                    # not stripped: the status lines ("  step 3/3 · updating ...") are indented, the step lines not
+                    if mark not in self.marks and pattern.search(line.rstrip("\n")):
                         self.marks[mark] = now
 
     def wait(self) -> int:

@@ -34,6 +34,11 @@ def test_earlier_runs_are_read_back_only_under_the_same_workload(tmp_path: Path)
     assert json.loads(out.read_text())["runs"] == [run("grpo", 0, 0)]
     # more seeds or staleness values, another out path: the same workload, the run is kept
     wider = WORKLOAD | {"seeds": [0, 1], "staleness": [0, 1, 2], "out": "/b.json", "fresh": True}
-    assert bench.earlier_runs(out, wider) == [run("grpo", 0, 0)]
+    kept = bench.earlier_runs(out, wider)
+    assert [{k: v for k, v in r.items() if k != "cpu"} for r in kept] == [run("grpo", 0, 0)]
+    # a run written without its own CPU gets the file's (the machine that wrote it); one with its own keeps it
+    assert kept[0]["cpu"] == json.loads(out.read_text())["cpu"] and kept[0]["cpu"]["model"]
+    bench.write_result(args, WORKLOAD, [run("grpo", 0, 0) | {"cpu": {"model": "another CPU"}}])
+    assert bench.earlier_runs(out, wider)[0]["cpu"] == {"model": "another CPU"}
     # another budget: not comparable, not mixed in
     assert bench.earlier_runs(out, WORKLOAD | {"budget": 200}) == []

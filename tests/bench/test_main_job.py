@@ -56,7 +56,8 @@ def test_a_side_stamps_its_log_and_splits_the_wall_time_at_the_runs_lines(tmp_pa
     log keeps every line with its stamp, and the phases add up to the time until the process ended."""
     script = ("import time\n"
               "for line, pause in [('[agentrl] base evaluation on 2 held-out episodes: success 0.5', 0.3),\n"
-              "                    ('step  1/2  reward 0.1', 0.0), ('step  2/2  reward 0.2', 0.6),\n"
+              "                    ('step  1/2  reward 0.1', 0.0), ('  step 2/2 · collecting', 0.0),\n"
+              "                    ('step  2/2  reward 0.2', 0.6),\n"
               "                    ('[agentrl] final evaluation on 2 held-out episodes: success 1.0', 0.2),\n"
               "                    ('[agentrl] done: 2 steps in 0:00:01', 0.0)]:\n"
               "    time.sleep(pause); print(line, flush=True)\n")
@@ -64,10 +65,11 @@ def test_a_side_stamps_its_log_and_splits_the_wall_time_at_the_runs_lines(tmp_pa
     assert side.wait() == 0
     marks = side.marks
     assert list(marks) == ["base_eval_done", "first_step", "last_step", "final_eval_done", "done", "exit"]
-    assert marks["last_step"] - marks["first_step"] >= 0.55  # the 0.6 s pause before step 2/2, not step 1/2
+    # the 0.6 s pause before step 2/2's line, not step 1/2's line or step 2's indented status line before the pause
+    assert marks["last_step"] - marks["first_step"] >= 0.55
     split = main_job.phases(marks)
     assert split["steps"] >= 0.55 and split["final_eval"] >= 0.15
     assert sum(split.values()) == pytest.approx(marks["exit"])
     log = (tmp_path / "log.txt").read_text().splitlines()
-    assert len(log) == 5 and log[2].split(maxsplit=1)[1] == "step  2/2  reward 0.2"
+    assert len(log) == 6 and log[3].split(maxsplit=1)[1] == "step  2/2  reward 0.2"
     assert (tmp_path / "time.txt").exists()
