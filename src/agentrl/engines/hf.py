@@ -22,17 +22,21 @@
   ``generate`` (the HTTP server does when the client disconnects) has its request dropped from the queue or the
   decode batch before the next step, which frees its KV rows (``stats.cancelled`` counts them).
 
-Forward passes run in a worker thread (``asyncio.to_thread``): tool calls and env steps go on meanwhile.
+Forward passes run in the engine's own worker thread: tool calls and env steps go on meanwhile. One thread, always
+the same: its allocations (the KV caches, the activations) stay in one glibc arena instead of spreading over the
+event loop's pool of threads, each with its own arena and its own free space.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import torch
@@ -109,6 +113,7 @@ class HFEngine:
         self._task: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
         self._model_lock = asyncio.Lock()  # held around every model step and weight refresh (remade per loop)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrl-engine")
         self.stats = EngineStats()
 
     # ------------------------------------------------------------------ protocol
@@ -241,7 +246,7 @@ class HFEngine:
                     async with self._model_lock:  # a weight refresh waits for the step, and the step for it
                         for req in admitted:
                             req.version = self._version  # the weights its first token is sampled with
-                        prefilled = await asyncio.to_thread(self._timed, self._prefill, admitted)
+                        prefilled = await self._in_worker(self._prefill, admitted)
                     self._active.extend(prefilled)
                     self._admitting = []
                     for req in admitted:
@@ -250,7 +255,7 @@ class HFEngine:
                     self._retire()
                 if self._active:
                     async with self._model_lock:
-                        await asyncio.to_thread(self._timed, self._decode_step)
+                        await self._in_worker(self._decode_step)
                     self._retire()
             except Exception as exc:  # a model error fails the requests in flight, not the scheduler
                 log.exception("HFEngine step failed")
@@ -258,6 +263,11 @@ class HFEngine:
                     if not req.future.done():
                         req.future.set_exception(exc)
                 self._active, self._admitting, self._batch = [], [], BatchKV(self._num_layers)
+
+    async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, timed, in the engine's worker thread (with the caller's context variables)."""
+        call = contextvars.copy_context().run
+        return await asyncio.get_running_loop().run_in_executor(self._worker, call, self._timed, fn, *args)
 
     def _drop_cancelled_waiting(self) -> None:
         """Forget queued requests whose caller gave up (they hold no KV yet)."""
