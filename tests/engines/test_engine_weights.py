@@ -179,12 +179,12 @@ def test_a_push_during_a_prefill_waits_for_the_forward() -> None:
     policy = Policy("tiny-random", seed=0)
     engine = HFEngine(policy, weights="copy")
     busy, overlaps = threading.Event(), []
-    timed, refresh = engine._timed, engine.weights.refresh
+    timed, refresh = engine._worker._step, engine.weights.refresh
 
-    def watched_step(fn: Any, *args: Any) -> Any:
+    def watched_step(*args: Any) -> Any:
         busy.set()
         try:
-            return timed(fn, *args)
+            return timed(*args)
         finally:
             busy.clear()
 
@@ -192,7 +192,7 @@ def test_a_push_during_a_prefill_waits_for_the_forward() -> None:
         overlaps.append(busy.is_set())
         return refresh(p)
 
-    engine._timed = watched_step  # type: ignore[method-assign]
+    engine._worker._step = watched_step  # type: ignore[method-assign]
     engine.weights.refresh = watched_refresh  # type: ignore[method-assign]
 
     async def run() -> Completion:
@@ -273,3 +273,32 @@ def test_a_copy_built_in_inference_mode_refreshes_outside_it() -> None:
     asyncio.run(engine.update_weights(policy))
     assert all(torch.equal(a, b) for a, b in zip(policy.model.parameters(), engine.weights.model.parameters(),
                                                  strict=True))
+
+
+def test_every_model_step_runs_on_the_engines_one_worker_thread() -> None:
+    """Prefills and decode steps of concurrent requests all run on one dedicated thread (one allocator arena:
+    `agentrl.engines.worker`), never on the event loop's thread, and the step counters still add up."""
+    engine = HFEngine(Policy("tiny-random", seed=0))
+    threads: list[str] = []
+    prefill, decode = engine._prefill, engine._decode_step
+
+    def on_prefill(*args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return prefill(*args)
+
+    def on_decode() -> None:
+        threads.append(threading.current_thread().name)
+        decode()
+
+    engine._prefill, engine._decode_step = on_prefill, on_decode  # type: ignore[method-assign]
+
+    async def run() -> list[Completion]:
+        params = SamplingParams(max_tokens=6, stop_token_ids=())
+        return await asyncio.gather(*(engine.generate(p, params) for p in PROMPTS))
+
+    outs = asyncio.run(run())
+    assert all(len(o.token_ids) == 6 for o in outs) and len(threads) >= 6
+    assert len(set(threads)) == 1 and threads[0].startswith("agentrl-engine")
+    stats = engine.stats
+    assert stats.decode_seconds > 0 and stats.prefill_seconds > 0
+    assert stats.busy_seconds == pytest.approx(stats.prefill_seconds + stats.decode_seconds)

@@ -124,5 +124,6 @@ def test_every_benchmark_result_names_the_cpu() -> None:
     scripts = sorted((ROOT / "benchmarks").glob("*.py"))
     for script in scripts:
         text = script.read_text()
-        assert text.count('"machine":') == text.count('"cpu": cpu_identity()'), script.name
+        # every machine with its CPU beside it (a script may name the CPU more often: per run, as async.py does)
+        assert text.count('"machine":') <= text.count('"cpu": cpu_identity()'), script.name
     assert sum('"cpu": cpu_identity()' in s.read_text() for s in scripts) >= 7

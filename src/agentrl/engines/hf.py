@@ -22,22 +22,18 @@
   ``generate`` (the HTTP server does when the client disconnects) has its request dropped from the queue or the
   decode batch before the next step, which frees its KV rows (``stats.cancelled`` counts them).
 
-Forward passes run in the engine's own worker thread: tool calls and env steps go on meanwhile. One thread, always
-the same: its allocations (the KV caches, the activations) stay in one glibc arena instead of spreading over the
-event loop's pool of threads, each with its own arena and its own free space.
+Forward passes run in the engine's own worker thread (`agentrl.engines.worker`): tool calls and env steps go on
+meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -47,11 +43,11 @@ from agentrl.engines.hf_requests import EngineStats, Lookup, Request
 from agentrl.engines.kvcache import BatchKV, PrefixStore, common_prefix_len, prefill_batch, prefill_chunks
 from agentrl.engines.sampling import RowSampling, sample_rows
 from agentrl.engines.weights import DecodeDType, WeightsMode, engine_weights
+from agentrl.engines.worker import ModelWorker
 from agentrl.models.policy import Policy
 from agentrl.types import FinishReason
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 _WAIT_FOR_SHARED = 32  # a request sharing this many more tokens with an earlier admitted prompt than the store
                        # offers waits one wave to reuse that prompt's KV (a wave costs one more weight read)
 
@@ -104,7 +100,7 @@ class HFEngine:
         self._num_layers = int(policy.backbone.config.num_hidden_layers)
         self._prefix = PrefixStore(prefix_cache_tokens)
         self._rng = torch.Generator().manual_seed(seed)
-        self._step_context, self._autocast = step_context, autocast
+        self._autocast = autocast
         self._waiting: deque[Request] = deque()
         self._active: list[Request] = []
         self._admitting: list[Request] = []
@@ -113,7 +109,7 @@ class HFEngine:
         self._task: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
         self._model_lock = asyncio.Lock()  # held around every model step and weight refresh (remade per loop)
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrl-engine")
+        self._worker = ModelWorker(step_context)
         self.stats = EngineStats()
 
     # ------------------------------------------------------------------ protocol
@@ -246,7 +242,8 @@ class HFEngine:
                     async with self._model_lock:  # a weight refresh waits for the step, and the step for it
                         for req in admitted:
                             req.version = self._version  # the weights its first token is sampled with
-                        prefilled = await self._in_worker(self._prefill, admitted)
+                        prefilled = await self._worker.run(self.weights.model, self.stats, True, self._prefill,
+                                                           admitted)
                     self._active.extend(prefilled)
                     self._admitting = []
                     for req in admitted:
@@ -255,7 +252,7 @@ class HFEngine:
                     self._retire()
                 if self._active:
                     async with self._model_lock:
-                        await self._in_worker(self._decode_step)
+                        await self._worker.run(self.weights.model, self.stats, False, self._decode_step)
                     self._retire()
             except Exception as exc:  # a model error fails the requests in flight, not the scheduler
                 log.exception("HFEngine step failed")
@@ -263,11 +260,6 @@ class HFEngine:
                     if not req.future.done():
                         req.future.set_exception(exc)
                 self._active, self._admitting, self._batch = [], [], BatchKV(self._num_layers)
-
-    async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)``, timed, in the engine's worker thread (with the caller's context variables)."""
-        call = contextvars.copy_context().run
-        return await asyncio.get_running_loop().run_in_executor(self._worker, call, self._timed, fn, *args)
 
     def _drop_cancelled_waiting(self) -> None:
         """Forget queued requests whose caller gave up (they hold no KV yet)."""
@@ -282,28 +274,6 @@ class HFEngine:
         log.warning("HFEngine request failed alone: %s: %s", type(req.error).__name__, req.error)
         if not req.future.done():
             req.future.set_exception(req.error)
-
-    def _timed(self, fn: Callable[..., T], *args: Any) -> T:
-        with self._step_context() if self._step_context is not None else contextlib.nullcontext():
-            return self._timed_step(fn, *args)
-
-    def _timed_step(self, fn: Callable[..., T], *args: Any) -> T:
-        start = time.perf_counter()
-        prefill = fn == self._prefill
-        model = self.weights.model  # a copy is always in eval mode; the shared modules are switched for the step
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.inference_mode():
-                return fn(*args)
-        finally:
-            model.train(was_training)
-            spent = time.perf_counter() - start
-            self.stats.busy_seconds += spent
-            if prefill:
-                self.stats.prefill_seconds += spent
-            else:
-                self.stats.decode_seconds += spent
 
     def _retire(self) -> None:
         """Complete finished requests (storing their KV for prefix reuse), fail failed ones, drop cancelled ones,
