@@ -33,16 +33,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentrl.models.memory import resident_mib
+
 CONFIG = "configs/rtpo.yaml"
 BASE_ARGS = ["--trainer.max_steps=1", "--data.eval_episodes", "0"]
 
 
-def rss_kb(field: str = "VmRSS") -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
+def rss_mb(peak: bool = False) -> float:
+    """The resident set now (or the process's peak), MiB (`agentrl.models.memory.resident_mib`; 0 without procfs)."""
+    memory = resident_mib()
+    return 0.0 if memory is None else memory[1 if peak else 0]
 
 
 class Recorder:
@@ -57,9 +57,9 @@ class Recorder:
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            now = rss_kb()
+            now = rss_mb()
             for phase in list(self._open):
-                phase["peak_mb"] = max(phase["peak_mb"], now / 1024)
+                phase["peak_mb"] = max(phase["peak_mb"], now)
             time.sleep(0.01)
 
     def wrap(self, owner: Any, attr: str, label: str) -> None:
@@ -67,14 +67,14 @@ class Recorder:
 
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            start = rss_kb() / 1024
+            start = rss_mb()
             phase: dict[str, Any] = {"phase": label, "start_mb": start, "peak_mb": start}
             self._open.append(phase)
             try:
                 return fn(*args, **kwargs)
             finally:
                 self._open.remove(phase)
-                phase["end_mb"] = rss_kb() / 1024
+                phase["end_mb"] = rss_mb()
                 phase["peak_mb"] = max(phase["peak_mb"], phase["end_mb"])
                 self.phases.append(phase)
                 print(f"[memory] {label:28s} start {start:7.0f} MB  peak {phase['peak_mb']:7.0f} MB  end "
@@ -109,7 +109,7 @@ def run_one(config: str, extra: list[str]) -> dict[str, Any]:
     from agentrl.models.policy import Policy
     from agentrl.training.module import AgentRLModule
 
-    baseline = rss_kb() / 1024
+    baseline = rss_mb()
     rec = Recorder()
     rec.wrap(policy_mod, "load_model", "load model (GGUF)")
     rec.wrap(AgentRLModule, "evaluate", "held-out evaluation")
@@ -131,7 +131,7 @@ def run_one(config: str, extra: list[str]) -> dict[str, Any]:
     cli.main(["fit", "--config", config, *BASE_ARGS, *extra])
     rec.stop()
     out: dict[str, Any] = {"args": extra, "baseline_after_imports_mb": baseline, "phases": rec.phases,
-                           "peak_rss_mb": rss_kb("VmHWM") / 1024, "seconds": time.perf_counter() - start}
+                           "peak_rss_mb": rss_mb(peak=True), "seconds": time.perf_counter() - start}
     if modules:
         module = modules[0]
         module._memory_optimizers = module.optimizers(use_pl_optimizer=False)
