@@ -302,3 +302,39 @@ def test_every_model_step_runs_on_the_engines_one_worker_thread() -> None:
     stats = engine.stats
     assert stats.decode_seconds > 0 and stats.prefill_seconds > 0
     assert stats.busy_seconds == pytest.approx(stats.prefill_seconds + stats.decode_seconds)
+
+
+def test_a_released_copy_refuses_to_decode_and_the_push_brings_back_a_fresh_copy() -> None:
+    """The trainer frees the copy's storage for its update (`HFEngine.release_weights`): a request before the push
+    fails with a clear error, and the push allocates a copy that decodes exactly as one built from the stepped
+    policy, tied embeddings still one tensor. Shared weights and an engine with a request in flight free nothing."""
+    policy = Policy("tiny-random", seed=0)
+    engine = HFEngine(policy, weights="copy", decode_dtype="bfloat16")
+    before = _generate(engine)
+    params = sum(p.numel() for p in policy.model.parameters())  # tied embeddings counted once
+    assert asyncio.run(engine.release_weights()) == 2 * params
+    assert all(p.numel() == 0 for p in engine.weights.model.parameters())
+    with pytest.raises(RuntimeError, match="released for the trainer's update"):
+        _generate(engine)
+    _optimizer_step(policy)
+    asyncio.run(engine.update_weights(policy))
+    after = _generate(engine)
+    fresh = _generate(HFEngine(policy, weights="copy", decode_dtype="bfloat16"))
+    assert [o.token_ids for o in after] == [o.token_ids for o in fresh] and _logprobs(after) == _logprobs(fresh)
+    assert _logprobs(after) != _logprobs(before)
+    model = engine.weights.model
+    assert model.get_input_embeddings().weight is model.get_output_embeddings().weight
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16} and engine.weights_bytes >= 2 * params
+
+    shared = HFEngine(policy, weights="shared")
+    assert asyncio.run(shared.release_weights()) == 0 and len(_generate(shared)) == len(PROMPTS)
+
+    async def release_while_decoding() -> tuple[int, Completion]:
+        sp = SamplingParams(max_tokens=24, stop_token_ids=(), seed=1)
+        long = asyncio.ensure_future(engine.generate(PROMPTS[0], sp))
+        while not engine._active:
+            await asyncio.sleep(0.001)
+        return await engine.release_weights(), await long
+
+    freed, out = asyncio.run(release_while_decoding())
+    assert freed == 0 and len(out.token_ids) == 24 and not engine.weights.released

@@ -201,15 +201,23 @@ def test_s1_trains_no_turn_older_than_one_version_and_generates_during_updates(
 
 class SlowDecodeCopySpec(HFEngineSpec):
     """Test-only: the embedded engine on its fp32 weight copy, every decode step slowed by 0.1 s so that episodes
-    are still decoding when the trainer pushes; ``in_flight`` records, per push, the requests in flight."""
+    are still decoding when the trainer pushes; ``in_flight`` records, per push, the requests in flight, and
+    ``releases`` the requests in flight whenever the trainer asked the engine to free its copy."""
 
     def __init__(self) -> None:
         super().__init__(weights="copy", decode_dtype="float32")
         self.in_flight: list[int] = []
+        self.releases: list[int] = []
 
     def build(self, policy: Any) -> Any:
         engine = super().build(policy)
-        decode, push = engine._decode_step, engine.update_weights
+        decode, push, release = engine._decode_step, engine.update_weights, engine.release_weights
+
+        async def counted_release() -> int:
+            self.releases.append(len(engine._active) + len(engine._admitting) + len(engine._waiting))
+            return await release()
+
+        engine.release_weights = counted_release
 
         def slow_decode() -> None:
             time.sleep(0.1)
@@ -234,6 +242,9 @@ def test_s1_with_the_embedded_weight_copy_pushes_mid_episode_and_keeps_the_bound
     rec = Metrics()
     fit(module, letter_data(batch_size=4, steps=4, max_staleness=1), [rec])
     assert any(n > 0 for n in engine.in_flight), engine.in_flight  # a push came while episodes were decoding
+    # the copy is freed for an update only when no collection runs ahead (between two turns of an episode the
+    # engine may hold no request, yet the episode's next turn is coming)
+    assert engine.releases and engine.releases.count(0) == len(engine.releases), engine.releases
     lags = [version - v for version, _, turns in module.trained for v, _, _ in turns]
     assert len(module.trained) == 4 and lags
     assert max(lags) <= 1 and lags.count(1) > 0, lags

@@ -42,7 +42,8 @@ def test_an_fp32_copy_trains_as_the_shared_engine_and_logs_its_push() -> None:
     for m in copied:
         assert m["perf/engine_push_s"] > 0
         assert m["perf/engine_weights_mib"] >= 4 * params / 2**20  # the fp32 copy (and its buffers)
-    assert all(m["perf/engine_weights_mib"] == 0 for m in shared)
+        assert m["perf/engine_released_mib"] == 4 * params / 2**20  # freed for the update, allocated at the push
+    assert all(m["perf/engine_weights_mib"] == 0 and m["perf/engine_released_mib"] == 0 for m in shared)
     for run in (shared, copied):  # the resident set after each step and the process's peak so far (Linux)
         peaks = [m["perf/peak_rss_mib"] for m in run]
         assert all(0 < m["perf/rss_mib"] <= m["perf/peak_rss_mib"] for m in run) and peaks == sorted(peaks)

@@ -42,7 +42,7 @@ from agentrl.engines.base import Completion, SamplingParams
 from agentrl.engines.hf_requests import EngineStats, Lookup, Request
 from agentrl.engines.kvcache import BatchKV, PrefixStore, common_prefix_len, prefill_batch, prefill_chunks
 from agentrl.engines.sampling import RowSampling, sample_rows
-from agentrl.engines.weights import DecodeDType, WeightsMode, engine_weights
+from agentrl.engines.weights import DecodeDType, WeightCopy, WeightsMode, engine_weights
 from agentrl.engines.worker import ModelWorker
 from agentrl.models.policy import Policy
 from agentrl.types import FinishReason
@@ -146,6 +146,16 @@ class HFEngine:
             self.stats.pushes += 1
             self._version = self._version + 1 if version is None else int(version)
             self._prefix.clear()
+
+    async def release_weights(self) -> int:
+        """Free the weight copy's storage until the next `update_weights` (the trainer's update, the run's memory
+        peak, needs none of it): returns the bytes freed, 0 when the engine shares the policy's weights or has a
+        request waiting or in flight. A request admitted before the next push fails with a clear error."""
+        if not isinstance(self.weights, WeightCopy) or self._waiting or self._active or self._admitting:
+            return 0
+        async with self._model_lock:
+            self._prefix.clear()
+            return self.weights.release()
 
     @property
     def weights_bytes(self) -> int:
@@ -313,6 +323,9 @@ class HFEngine:
     def _forward(self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: Any) -> Tensor:
         """Logits (B, V) of the last position."""
         weights = self.weights
+        if weights.released:
+            raise RuntimeError("the engine's weight copy was released for the trainer's update: push the weights "
+                               "(update_weights) before generating")
         with self.policy.autocast() if self._autocast else contextlib.nullcontext():
             out = weights.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                                    cache=cache, use_cache=True)

@@ -7,7 +7,9 @@
   device has native bf16 matmuls, `agentrl.models.precision`), in eval mode, without gradients, refreshed at every
   push by an in-place ``copy_`` of the policy's current parameters. A decode step then reads 2 bytes per parameter
   in bf16 (the memory-bandwidth floor halves: ``benchmarks/results/roofline.json``), and the copy is separate
-  storage, so an optimizer step on the policy changes nothing the engine reads until the next push.
+  storage, so an optimizer step on the policy changes nothing the engine reads until the next push. While nothing
+  is being generated, the trainer's update (the run's memory peak) may ``release`` the copy's storage; the next
+  push allocates it again from the updated weights (the same values an in-place refresh would give).
 
 A LoRA (peft) policy is copied with its adapter layers, unmerged: the copy runs the same peft code as the trainer on
 the same (adapter and base) values, so an fp32 copy gives the trainer's log-probs exactly; refreshing copies every
@@ -68,6 +70,7 @@ class SharedWeights:
     """The policy's own modules (``weights: shared``): nothing to copy, nothing to refresh."""
 
     holds_copy = False
+    released = False
 
     def __init__(self, policy: Any) -> None:
         self.policy = policy
@@ -121,6 +124,7 @@ class WeightCopy:
         self.model.eval()
         self.model.requires_grad_(False)
         self.last_refresh_s = 0.0
+        self.released = False  # storage freed by `release` until the next `refresh`
 
     @property
     def backbone(self) -> Any:
@@ -136,10 +140,24 @@ class WeightCopy:
         tensors = list(self.model.parameters()) + list(self.model.buffers())
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    def release(self) -> int:
+        """Free the parameters' storage (each becomes an empty tensor of its dtype, tied ones stay one object) until
+        the next `refresh`, which allocates it again. Returns the bytes freed. The trainer releases the copy for its
+        update, where nothing decodes and the copy would be replaced at the push anyway; a model step in between
+        fails (`HFEngine` checks ``released``)."""
+        freed = 0
+        with torch.no_grad():
+            for param in self.model.parameters():
+                freed += param.numel() * param.element_size()
+                param.data = param.data.new_empty(0)
+        self.released = True
+        return freed
+
     @torch.no_grad()
     def refresh(self, policy: Any) -> float:
         """Copy ``policy``'s current parameters into the copy, in place, by name (converting to the copy's dtype);
-        follow the policy to another device first. Returns the seconds it took.
+        after a `release`, into newly allocated storage; follow the policy to another device first. Returns the
+        seconds it took.
 
         Raises:
             ValueError: ``policy``'s parameter names differ from the copy's (another architecture or adapter set).
@@ -156,7 +174,11 @@ class WeightCopy:
             self.model.to(device)
             target = dict(self.model.named_parameters())
         for name, param in source.items():
-            target[name].copy_(param.detach())
+            if self.released:
+                target[name].data = param.detach().to(target[name].dtype, copy=True)
+            else:
+                target[name].copy_(param.detach())
+        self.released = False
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         self.last_refresh_s = time.perf_counter() - start

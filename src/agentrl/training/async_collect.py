@@ -162,6 +162,11 @@ class Lookahead:
         return trajs
 
     @property
+    def idle(self) -> bool:
+        """No launched collection is still running (the engine has nothing of the trainer's to generate)."""
+        return all(ahead.future.done() for ahead in self._ahead.values())
+
+    @property
     def pending(self) -> list[int]:
         """Steps whose batches are launched and not yet taken."""
         return sorted(self._ahead)

@@ -3,7 +3,8 @@ the update held (activations, gradients) before the next rollouts.
 
 The trainer's peak is the update (weights, gradients, AdamW state, activations of one micro-batch). Before it,
 the embedded engine's prefix KV cache is dropped (the update makes it stale; the weight push would drop it
-anyway) and freed heap pages go back to the OS (`agentrl.models.memory.release_memory`). After it, the gradients
+anyway), its weight copy's storage is freed when no collection is in flight (the push after the update allocates
+it again) and freed heap pages go back to the OS (`agentrl.models.memory.release_memory`). After it, the gradients
 are freed (the next minibatch would reset them anyway) and the pages are given back again, so the rollouts that
 follow, which run in engine worker threads with their own allocator arenas, do not stack on top of them.
 """
@@ -17,9 +18,10 @@ from torch import nn
 from agentrl.models.memory import release_memory
 
 
-def before_update(drop_prefix_cache: Callable[[], None]) -> None:
-    """Drop the embedded engine's prefix cache (stale once the weights change) and return freed memory."""
-    drop_prefix_cache()
+def before_update(release_engine: Callable[[], None]) -> None:
+    """Have the engine give back what the update does not need (its prefix cache, stale once the weights change;
+    its weight copy while nothing is generated) and return freed memory."""
+    release_engine()
     release_memory()
 
 

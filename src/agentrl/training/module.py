@@ -352,7 +352,7 @@ class AgentRLModule(pl.LightningModule, RunView):
         units, and gradients are summed (not averaged) across ranks before the optimizer step. Every rank runs
         the same number of optimizer steps, with or without rows of its own.
         """
-        memory.before_update(self.session.drop_prefix_cache)
+        memory.before_update(lambda: self.session.before_update(self.lookahead is None or self.lookahead.idle))
         opts = self.optimizers()
         # one decision for every rank: scoring is collective under sharded weights (a rank alone would hang)
         stale = needs_old_logprobs(ppo, self.engine_spec, self.policy, trajectories, self.policy_version)

@@ -164,6 +164,15 @@ class RolloutSession:
         if callable(drop):
             drop()
 
+    def before_update(self, engine_idle: bool) -> None:
+        """Give back what the engine holds that the trainer's update does not need: its prefix KV cache, and, when
+        no collection is launched (``engine_idle``), its weight copy's storage, which the push after the update
+        allocates again (`HFEngine.release_weights`; the bytes freed are ``engine_released_bytes``)."""
+        self.drop_prefix_cache()
+        release = getattr(self._engine, "release_weights", None)
+        if engine_idle and callable(release):
+            self._costs["engine_released_bytes"] = float(self.run(release()))
+
     def collect(self, coro: Coroutine[Any, Any, list[Trajectory]], version: int) -> list[Trajectory]:
         """Run one training collection at ``version``: checks the served version before and every sampled turn's
         stamp after, and adds the collection's cost to the step's counters."""
