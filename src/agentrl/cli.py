@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from agentrl import __version__
+from agentrl.models.memory import bound_kernel_caches
 from agentrl.training.keys import COMMON_KEYS
 
 # subcommand -> (module, function taking argv, one-line help)
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    bound_kernel_caches()  # before any kernel is built: oneDNN reads its cache sizes once (agentrl.models.memory)
     args = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     commands = _available()

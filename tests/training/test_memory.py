@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from agentrl.models.memory import release_memory, resident_mib
+from agentrl import cli
+from agentrl.models.memory import KERNEL_CACHE_CAPACITY, bound_kernel_caches, release_memory, resident_mib
 from agentrl.training.schedules import GRPO
 from agentrl.training.settings import PPOSettings
 from tests.training.helpers import fit, guess_data, make_module
@@ -97,3 +98,21 @@ def test_resident_mib_sees_a_touched_allocation_in_the_resident_set_and_the_peak
     after = resident_mib()
     # the peak keeps the high-water mark (the kernel updates it from per-thread counters: it may lag by a few pages)
     assert after is not None and after[1] - before[0] >= 240 and after[0] < during[0]
+
+
+def test_onednn_kernel_caches_are_capped_unless_the_user_sized_them() -> None:
+    env: dict[str, str] = {}
+    bound_kernel_caches(env)
+    assert env == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"} and KERNEL_CACHE_CAPACITY == 64
+    env = {"LRU_CACHE_CAPACITY": "512"}
+    bound_kernel_caches(env)
+    assert env == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "512"}
+
+
+def test_the_agentrl_command_caps_the_kernel_caches_first(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """oneDNN reads its cache sizes once, at its first kernel: the command sets them before any subcommand runs."""
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        monkeypatch.delenv(name, raising=False)
+    assert cli.main([]) == 0
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == os.environ["LRU_CACHE_CAPACITY"] == "64"
