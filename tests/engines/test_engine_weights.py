@@ -338,3 +338,20 @@ def test_a_released_copy_refuses_to_decode_and_the_push_brings_back_a_fresh_copy
 
     freed, out = asyncio.run(release_while_decoding())
     assert freed == 0 and len(out.token_ids) == 24 and not engine.weights.released
+
+
+def test_an_fp32_copy_released_and_pushed_is_its_own_storage_and_a_second_release_reports_the_same_bytes() -> None:
+    """An fp32 copy allocated again at the push must not share the policy's tensors (``.to`` to the same dtype
+    returns the very tensor without ``copy=True``); two releases without a push between them (Turn-PPO's value
+    warm-up, then its update) both report the copy's bytes."""
+    policy = Policy("tiny-random", seed=0)
+    engine = HFEngine(policy, weights="copy", decode_dtype="float32")
+    params = sum(p.numel() for p in policy.model.parameters())
+    assert asyncio.run(engine.release_weights()) == 4 * params
+    assert asyncio.run(engine.release_weights()) == 4 * params
+    asyncio.run(engine.update_weights(policy))
+    before = _generate(engine)
+    _optimizer_step(policy)
+    assert _logprobs(_generate(engine)) == _logprobs(before)  # the step changed nothing the copy reads
+    assert not any(a.data_ptr() == b.data_ptr() for a, b in zip(policy.model.parameters(),
+                                                                 engine.weights.model.parameters(), strict=True))

@@ -55,3 +55,13 @@ def test_a_bf16_copy_makes_the_trainer_recompute_pi_old() -> None:
         assert m["rollout/logprob_mismatch_kl"] > 0 and m["rollout/recomputed_tokens"] > 0
     kls = [m["train/approx_kl"] for m in logged if "train/approx_kl" in m]  # a group with equal rewards: no loss
     assert kls and max(kls) < 1e-10  # the first ratio starts at 1 against the recomputed π_old
+
+
+def test_collecting_before_the_push_that_follows_an_update_is_refused_by_name() -> None:
+    """The copy is freed for the update and allocated again at the push: a schedule that collects in between gets
+    a clear error, not a step of failed episodes."""
+    module = make_module(GRPO(group_size=2, ppo=PPOSettings(epochs=1)),
+                         engine=HFEngineSpec(weights="copy", decode_dtype="float32"))
+    module.push_weights = lambda: None  # type: ignore[method-assign]  # a schedule that forgets the push
+    with pytest.raises(RuntimeError, match=r"released for the trainer.s update: push .* \(Learner.push_weights\)"):
+        fit(module, letter_data(batch_size=2, steps=2))

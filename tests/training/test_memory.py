@@ -107,12 +107,16 @@ def test_onednn_kernel_caches_are_capped_unless_the_user_sized_them() -> None:
     env = {"LRU_CACHE_CAPACITY": "512"}
     bound_kernel_caches(env)
     assert env == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "512"}
+    env = {"DNNL_PRIMITIVE_CACHE_CAPACITY": "8"}  # oneDNN's older name, read after the new one: left to decide
+    bound_kernel_caches(env)
+    assert env == {"DNNL_PRIMITIVE_CACHE_CAPACITY": "8", "LRU_CACHE_CAPACITY": "64"}
 
 
 def test_the_agentrl_command_caps_the_kernel_caches_first(monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """oneDNN reads its cache sizes once, at its first kernel: the command sets them before any subcommand runs."""
     for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # recorded, so the values set below are undone after the test
+        monkeypatch.delenv(name)
     assert cli.main([]) == 0
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == os.environ["LRU_CACHE_CAPACITY"] == "64"

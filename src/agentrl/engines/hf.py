@@ -151,9 +151,11 @@ class HFEngine:
         """Free the weight copy's storage until the next `update_weights` (the trainer's update, the run's memory
         peak, needs none of it): returns the bytes freed, 0 when the engine shares the policy's weights or has a
         request waiting or in flight. A request admitted before the next push fails with a clear error."""
-        if not isinstance(self.weights, WeightCopy) or self._waiting or self._active or self._admitting:
+        if not isinstance(self.weights, WeightCopy):
             return 0
-        async with self._model_lock:
+        async with self._model_lock:  # checked under the lock: nothing is admitted while it is held
+            if self._waiting or self._active or self._admitting:
+                return 0
             self._prefix.clear()
             return self.weights.release()
 

@@ -125,6 +125,7 @@ class WeightCopy:
         self.model.requires_grad_(False)
         self.last_refresh_s = 0.0
         self.released = False  # storage freed by `release` until the next `refresh`
+        self._released_bytes = 0
 
     @property
     def backbone(self) -> Any:
@@ -142,16 +143,18 @@ class WeightCopy:
 
     def release(self) -> int:
         """Free the parameters' storage (each becomes an empty tensor of its dtype, tied ones stay one object) until
-        the next `refresh`, which allocates it again. Returns the bytes freed. The trainer releases the copy for its
-        update, where nothing decodes and the copy would be replaced at the push anyway; a model step in between
-        fails (`HFEngine` checks ``released``)."""
-        freed = 0
-        with torch.no_grad():
-            for param in self.model.parameters():
-                freed += param.numel() * param.element_size()
-                param.data = param.data.new_empty(0)
-        self.released = True
-        return freed
+        the next `refresh`, which allocates it again. Returns the bytes the copy's parameters no longer hold (the
+        same figure when it was released already: two updates without a push between them, like Turn-PPO's value
+        warm-up and its first update). The trainer releases the copy for its update, where nothing decodes and the
+        copy would be replaced at the push anyway; a model step in between fails (`HFEngine` checks ``released``)."""
+        if not self.released:
+            self._released_bytes = 0
+            with torch.no_grad():
+                for param in self.model.parameters():
+                    self._released_bytes += param.numel() * param.element_size()
+                    param.data = param.data.new_empty(0)
+            self.released = True
+        return self._released_bytes
 
     @torch.no_grad()
     def refresh(self, policy: Any) -> float:

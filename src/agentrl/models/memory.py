@@ -13,7 +13,7 @@ collects garbage.
 weight copy's) through oneDNN, which keeps every kernel it builds in two caches of 1,024 entries each (oneDNN's own,
 ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, and ideep's, ``LRU_CACHE_CAPACITY``), one per matrix shape, each with its
 scratch memory. A training run meets a new shape at almost every micro-batch and prefill (their lengths vary), so
-the caches grew by about 1 MiB per shape: 374 MiB after 200 shapes of one layer's matmuls in a probe, and a
+the caches grew by about 1 MiB per shape: 382 MiB after 200 shapes of one layer's matmuls in a probe, and a
 steadily growing resident set over the main job's steps. Decoding reuses a handful of shapes per batch size, which
 a cache of 64 holds; the shapes that vary were never reused. Both are read once, when the first kernel is built, so
 the caps must be set before any bf16 matmul runs (the ``agentrl`` command sets them first thing).
@@ -36,8 +36,9 @@ def bound_kernel_caches(environ: MutableMapping[str, str] | None = None) -> None
     """Cap oneDNN's two kernel caches at `KERNEL_CACHE_CAPACITY` entries (see the module docstring); a value the
     user set wins. Effective only before the process builds its first oneDNN kernel."""
     env = os.environ if environ is None else environ
-    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
-        env.setdefault(name, str(KERNEL_CACHE_CAPACITY))
+    if "DNNL_PRIMITIVE_CACHE_CAPACITY" not in env:  # oneDNN's older name: a user who set it keeps it
+        env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(KERNEL_CACHE_CAPACITY))
+    env.setdefault("LRU_CACHE_CAPACITY", str(KERNEL_CACHE_CAPACITY))
 
 
 @functools.cache

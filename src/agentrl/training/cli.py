@@ -25,6 +25,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
+from agentrl.models.memory import bound_kernel_caches
 from agentrl.models.policy import LoRATargetError
 from agentrl.tracking import DEFAULT_TRACKING_URI, TrajectoryLogger, log_config, reopen_run
 from agentrl.tracking.store import logger_entries
@@ -217,6 +218,7 @@ def run_fit(argv: Sequence[str], *, parser_class: type[AgentRLArgumentParser] = 
         ConfigError: a wrong value found by the checks before any work (`agentrl.training.preflight`).
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    bound_kernel_caches()  # as `agentrl` does first (agentrl.fit comes here directly): too late once a kernel is built
     # tasks are plain data handed to training_step on purpose (rollouts happen inside it): not a mistake
     warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device`")
     warnings.filterwarnings("ignore", message=".*isinstance.treespec, LeafSpec.*")

@@ -70,7 +70,9 @@ class Learner(Protocol):
     def update(self, trajectories: Sequence[Trajectory], targets: dict[TurnKey, TurnTargets], ppo: PPOSettings,
                *, tag: str = "") -> dict[str, float]:
         """PPO epochs × minibatches on the turns named in ``targets``; every rank must call it, with or without
-        turns. Returns the averaged ``train/*`` metrics."""
+        turns. Returns the averaged ``train/*`` metrics. `push_weights` must follow before the next collection: the
+        embedded engine's weight copy may be freed for the update and is allocated again at the push (collecting
+        before it raises)."""
         ...
 
     def push_weights(self) -> None:

@@ -76,7 +76,7 @@ def step_perf_metrics(stats: Mapping[str, float], seconds: float, policy_version
         out["perf/engine_push_s"] = stats["engine_push_seconds"] / stats["engine_pushes"]
     if "engine_weights_bytes" in stats:
         out["perf/engine_weights_mib"] = stats["engine_weights_bytes"] / 2**20
-    if "engine_released_bytes" in stats:  # the copy's storage freed for the step's (last) update, 0 if kept
+    if "engine_released_bytes" in stats:  # the copy's storage freed for the step's updates (the most), 0 if kept
         out["perf/engine_released_mib"] = stats["engine_released_bytes"] / 2**20
     memory = resident_mib()
     if memory is not None:  # where a long run's memory goes: the resident set after each step, and its peak so far

@@ -167,15 +167,26 @@ class RolloutSession:
     def before_update(self, engine_idle: bool) -> None:
         """Give back what the engine holds that the trainer's update does not need: its prefix KV cache, and, when
         no collection is launched (``engine_idle``), its weight copy's storage, which the push after the update
-        allocates again (`HFEngine.release_weights`; the bytes freed are ``engine_released_bytes``)."""
+        allocates again (`HFEngine.release_weights`; ``engine_released_bytes``: the most any of the step's updates
+        freed, 0 when the copy was kept for all of them)."""
         self.drop_prefix_cache()
         release = getattr(self._engine, "release_weights", None)
-        if engine_idle and callable(release):
-            self._costs["engine_released_bytes"] = float(self.run(release()))
+        if callable(release):
+            freed = float(self.run(release())) if engine_idle else 0.0
+            self._costs["engine_released_bytes"] = max(self._costs.get("engine_released_bytes", 0.0), freed)
+
+    def _check_weights_served(self, coro: Coroutine[Any, Any, Any] | None = None) -> None:
+        """Refuse to generate from a weight copy released for an update (``coro``, not started, is closed)."""
+        if getattr(getattr(self._engine, "weights", None), "released", False):
+            if coro is not None:
+                coro.close()
+            raise RuntimeError("the engine's weight copy is released for the trainer's update: push the weights "
+                               "(Learner.push_weights) before collecting or playing")
 
     def collect(self, coro: Coroutine[Any, Any, list[Trajectory]], version: int) -> list[Trajectory]:
         """Run one training collection at ``version``: checks the served version before and every sampled turn's
         stamp after, and adds the collection's cost to the step's counters."""
+        self._check_weights_served(coro)
         if self.engine.version != version:
             coro.close()
             raise RuntimeError(f"engine serves version {self.engine.version} but the policy is at {version}: "
@@ -196,6 +207,7 @@ class RolloutSession:
         if self._runtime is None:
             coro.close()
             raise RuntimeError("rollout runtime not started")
+        self._check_weights_served(coro)
         return self._runtime.submit(self.activity.track(coro))
 
     def add_wait(self, seconds: float) -> None:
@@ -219,6 +231,7 @@ class RolloutSession:
     def play(self, tasks: Sequence[Task], *, temperature: float | None = None) -> list[Trajectory]:
         """One episode of each of ``tasks`` with the served weights, at the training sampling or at
         ``temperature``; not counted in the training costs."""
+        self._check_weights_served()
         sampling = self.collector.sampling
         if temperature is not None:
             sampling = replace(sampling, temperature=temperature)
