@@ -5,8 +5,8 @@ and the new one (its own weight copy in the decode dtype), each against ``roofli
 Workload: B requests of the rollout benchmark's prompts decoding 48 tokens each (no stop tokens), so one batched
 prefill is diluted over 47 decode steps at batch B. Each engine: one warm-up, ``--repeats`` timed runs (wall ms per
 decode step = the engine's decode seconds / decode steps), then one profiled run with the model steps run inline
-(the profiler records the calling thread; the sampler's exponential draws run on its own threads and so are not in
-the operator table).
+(the profiler records the calling thread, so the steps that run on the engine's worker thread are run there for it;
+the sampler's exponential draws run on its own threads and so are not in the operator table).
 
 Usage::
 
@@ -26,7 +26,6 @@ from typing import Any
 import torch
 from rollout_throughput import conversation
 
-from agentrl.engines import hf
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.models.policy import Policy
@@ -50,16 +49,18 @@ def measure(policy: Policy, weights: str, batch: int, tokens: int, repeats: int)
         asyncio.run(run(tokens))
         walls.append(1000 * engine.stats.decode_seconds / engine.stats.decode_steps)
 
-    async def inline(fn, *args):  # type: ignore[no-untyped-def]
-        return fn(*args)
+    worker = engine._worker
 
-    original, hf.asyncio.to_thread = hf.asyncio.to_thread, inline  # type: ignore[assignment]
+    async def inline(model, stats, prefill, fn, *args):  # type: ignore[no-untyped-def]
+        return worker._step(model, stats, prefill, fn, *args)  # on the profiled (calling) thread
+
+    original, worker.run = worker.run, inline  # type: ignore[method-assign]
     try:
         engine.reset_stats()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             asyncio.run(run(tokens))
     finally:
-        hf.asyncio.to_thread = original
+        worker.run = original  # type: ignore[method-assign]
     steps = engine.stats.decode_steps
     ops = {e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()}
     dtype = str(next(engine.weights.model.parameters()).dtype).removeprefix("torch.")
