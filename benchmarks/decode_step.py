@@ -1,16 +1,23 @@
 """Where one decode step of the embedded engine goes (issue 31): wall ms per step from the engine's own counters,
 and the operators' time per step from ``torch.profiler``, for the old default engine (the trainer's fp32 modules)
-and the new one (its own weight copy in the decode dtype), each against ``roofline.json``'s floors.
+and the new one (its own weight copy in the decode dtype), each through transformers' modules and through the lean
+decode step (`agentrl.engines.lean`), each against the floors measured beside them.
 
 Workload: B requests of the rollout benchmark's prompts decoding 48 tokens each (no stop tokens), so one batched
 prefill is diluted over 47 decode steps at batch B. Each engine: one warm-up, ``--repeats`` timed runs (wall ms per
-decode step = the engine's decode seconds / decode steps), then one profiled run with the model steps run inline
-(the profiler records the calling thread, so the steps that run on the engine's worker thread are run there for it;
-the sampler's exponential draws run on its own threads and so are not in the operator table).
+decode step = the engine's decode seconds / decode steps), then one profiled run. The generation runs as training
+runs it: on a `RolloutRuntime` loop, with the model steps on the thread that waits
+(`agentrl.engines.worker.lend_until`), which the profiler records. The op table's totals include the prefill's
+operators (divided by the decode steps); the wall figures do not.
+
+Each engine runs in a process of its own, as in a run, ``--rounds`` times, interleaved with the others (the best
+round is kept). The floors (`roofline`'s: the step's projection matmuls at B rows, and weight bytes over read
+bandwidth) are measured in this process before and after the engines, so that a machine whose speed drifts (this
+one's did by a quarter between runs) is held against its own kernels of the same minutes.
 
 Usage::
 
-    python benchmarks/decode_step.py [--batch 16 --tokens 48 --repeats 3] [--out benchmarks/results/decode_step.json]
+    python benchmarks/decode_step.py [--batch 16 --tokens 48 --repeats 3 --rounds 2] [--out OUT.json]
 """
 
 from __future__ import annotations
@@ -20,54 +27,67 @@ import asyncio
 import json
 import os
 import platform
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import roofline
 import torch
 from rollout_throughput import conversation
 
+from agentrl.collect.runtime import RolloutRuntime
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.models.policy import Policy
 from agentrl.models.precision import cpu_identity
 
 
-def measure(policy: Policy, weights: str, batch: int, tokens: int, repeats: int) -> dict[str, Any]:
+def measure(policy: Policy, weights: str, lean: bool, batch: int, tokens: int, repeats: int) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
-    engine = HFEngine(policy, max_batch_size=max(32, batch), prefix_cache_tokens=0, weights=weights)  # type: ignore[arg-type]
+    engine = HFEngine(policy, max_batch_size=max(32, batch), prefix_cache_tokens=0, weights=weights,  # type: ignore[arg-type]
+                      lean_decode=lean)
     prompts = [conversation(policy.tokenizer, e) for e in range(batch)]
 
-    async def run(n: int) -> None:
+    async def generate(n: int) -> None:
         await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=n, seed=i, stop_token_ids=()))
                                for i, p in enumerate(prompts)))
 
-    asyncio.run(run(4))  # warm-up
-    walls = []
-    for _ in range(repeats):
+    with RolloutRuntime() as runtime:  # as training runs it: model steps on this (waiting) thread
+        runtime.run(generate(4))  # warm-up
+        walls = []
+        for _ in range(repeats):
+            engine.reset_stats()
+            runtime.run(generate(tokens))
+            walls.append(1000 * engine.stats.decode_seconds / engine.stats.decode_steps)
         engine.reset_stats()
-        asyncio.run(run(tokens))
-        walls.append(1000 * engine.stats.decode_seconds / engine.stats.decode_steps)
-
-    worker = engine._worker
-
-    async def inline(model, stats, prefill, fn, *args):  # type: ignore[no-untyped-def]
-        return worker._step(model, stats, prefill, fn, *args)  # on the profiled (calling) thread
-
-    original, worker.run = worker.run, inline  # type: ignore[method-assign]
-    try:
-        engine.reset_stats()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            asyncio.run(run(tokens))
-    finally:
-        worker.run = original  # type: ignore[method-assign]
+        with profile(activities=[ProfilerActivity.CPU]) as prof:  # records this thread, where the steps run
+            runtime.run(generate(tokens))
+        runtime.run(engine.shutdown())
     steps = engine.stats.decode_steps
     ops = {e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()}
     dtype = str(next(engine.weights.model.parameters()).dtype).removeprefix("torch.")
-    return {"weights": weights, "dtype": dtype, "batch": batch, "decode_steps": steps,
+    assert engine._worker.worker_steps == 0, "a model step ran on the engine's own thread"
+    return {"weights": weights, "dtype": dtype, "lean_decode": lean, "batch": batch, "decode_steps": steps,
             "wall_ms_per_step": walls, "best_wall_ms_per_step": min(walls),
             "op_ms_per_step": sum(ops.values()),
             "top_ops_ms_per_step": dict(sorted(ops.items(), key=lambda kv: -kv[1])[:12])}
+
+
+def floors_now(batch: int, repeats: int = 7, min_seconds: float = 0.01) -> dict[str, dict[str, float]]:
+    """The decode floors measured now, in this process at its thread count (`roofline`'s shapes and method):
+    per dtype, the sum of one step's projection matmuls at ``batch`` rows and weight bytes / read bandwidth."""
+    threads = torch.get_num_threads()
+    read = max(r["gb_per_s"] for r in roofline.bandwidth(threads, 512, repeats, min_seconds)
+               if r["op"] == "sum (read)")
+    rows = [roofline.matmul(threads, batch, roofline.weights(n, k, dtype, 256), repeats, min_seconds,
+                            kind="decode", name=name)
+            for dtype in (torch.float32, torch.bfloat16) for name, (k, n) in roofline.PROJECTIONS.items()]
+    params = roofline.smollm2_parameters()
+    return {dtype: {"matmul_floor_ms": roofline.step_matmul_ms(rows, threads, dtype, batch),
+                    "bandwidth_floor_ms": params * size / (read * 1e9) * 1e3}
+            for dtype, size in (("float32", 4), ("bfloat16", 2))}
 
 
 def main() -> None:
@@ -75,36 +95,50 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--roofline", type=Path, default=Path("benchmarks/results/roofline.json"))
+    parser.add_argument("--rounds", type=int, default=2, help="rounds over the four engines (best of all kept)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/decode_step.json"))
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # "weights:lean" — one engine, its result on stdout
     args = parser.parse_args()
-    policy = Policy("smollm2-135m-instruct", dtype="float32", compute_dtype="float32")
-    policy.model.eval()
+    if args.one:
+        weights, lean = args.one.split(":")
+        policy = Policy("smollm2-135m-instruct", dtype="float32", compute_dtype="float32")
+        policy.model.eval()
+        one = measure(policy, weights, lean == "lean", args.batch, args.tokens, args.repeats)
+        print("RESULT " + json.dumps(one))
+        return
     threads = torch.get_num_threads()
-    floors = {f["threads"]: f for f in json.loads(args.roofline.read_text())["decode_floor"]} \
-        if args.roofline.is_file() else {}
     result: dict[str, Any] = {"machine": f"{platform.machine()}, {threads} threads, torch {torch.__version__}",
                               "cpu": cpu_identity(), "load_average_start": os.getloadavg(),
-                              "workload": {"batch": args.batch, "tokens": args.tokens, "repeats": args.repeats},
-                              "engines": []}
-    for weights in ("shared", "copy"):
-        r = measure(policy, weights, args.batch, args.tokens, args.repeats)
-        floor = floors.get(threads, {}).get(r["dtype"])
-        if floor is not None:
-            kernels = floor["matmul_sum_ms"].get(str(args.batch))
-            r["bandwidth_floor_ms"] = floor["bandwidth_floor_ms"]
-            r["fraction_of_bandwidth_floor"] = floor["bandwidth_floor_ms"] / r["best_wall_ms_per_step"]
-            if kernels is not None:
-                r["matmul_floor_ms"] = kernels
-                r["fraction_of_matmul_floor"] = kernels / r["best_wall_ms_per_step"]
+                              "workload": {"batch": args.batch, "tokens": args.tokens, "repeats": args.repeats,
+                                           "rounds": args.rounds}}
+    before = floors_now(args.batch)
+    configs = (("shared", False), ("shared", True), ("copy", False), ("copy", True))
+    runs: dict[tuple[str, bool], list[dict[str, Any]]] = {c: [] for c in configs}
+    for _ in range(args.rounds):
+        for weights, lean in configs:  # each engine in a process of its own, as in a run
+            out = subprocess.run([sys.executable, __file__, "--one", f"{weights}:{'lean' if lean else 'hf'}",
+                                  "--batch", str(args.batch), "--tokens", str(args.tokens),
+                                  "--repeats", str(args.repeats)], capture_output=True, text=True, check=True)
+            line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
+            runs[weights, lean].append(json.loads(line.removeprefix("RESULT ")))
+    after = floors_now(args.batch)
+    result["floors"] = {"before": before, "after": after,
+                        "used": "the lower of before and after (the fastest kernels seen: the strictest floor)"}
+    result["engines"] = []
+    for weights, lean in configs:
+        r = min(runs[weights, lean], key=lambda x: x["best_wall_ms_per_step"])  # its profile and op table
+        r["wall_ms_per_step"] = [w for x in runs[weights, lean] for w in x["wall_ms_per_step"]]
+        r["best_wall_ms_per_step"] = min(r["wall_ms_per_step"])
+        for floor in ("matmul_floor_ms", "bandwidth_floor_ms"):
+            r[floor] = min(before[r["dtype"]][floor], after[r["dtype"]][floor])
+            r["fraction_of_" + floor.removesuffix("_ms")] = r[floor] / r["best_wall_ms_per_step"]
         result["engines"].append(r)
-        print(f"{weights:6s} ({r['dtype']}): wall {', '.join(f'{w:.1f}' for w in r['wall_ms_per_step'])} ms/step at "
+        walls = ", ".join(f"{w:.1f}" for w in r["wall_ms_per_step"])
+        print(f"{weights:6s} ({r['dtype']}, {'lean' if lean else 'transformers'}): wall {walls} ms/step at "
               f"batch {args.batch}; ops {r['op_ms_per_step']:.1f} ms/step, of which "
-              f"{r['top_ops_ms_per_step'].get('aten::mm', 0.0):.1f} matmul"
-              + (f"; bandwidth floor {r['bandwidth_floor_ms']:.1f} ms ({100 * r['fraction_of_bandwidth_floor']:.0f} %)"
-                 if "bandwidth_floor_ms" in r else "")
-              + (f", matmul floor {r['matmul_floor_ms']:.1f} ms ({100 * r['fraction_of_matmul_floor']:.0f} %)"
-                 if "matmul_floor_ms" in r else ""), flush=True)
+              f"{r['top_ops_ms_per_step'].get('aten::mm', 0.0):.1f} matmul; matmul floor "
+              f"{r['matmul_floor_ms']:.1f} ms ({100 * r['fraction_of_matmul_floor']:.0f} %), bandwidth floor "
+              f"{r['bandwidth_floor_ms']:.1f} ms ({100 * r['fraction_of_bandwidth_floor']:.0f} %)", flush=True)
     result["load_average_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

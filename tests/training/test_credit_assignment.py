@@ -55,11 +55,15 @@ pytestmark = pytest.mark.xdist_group("credit_assignment")  # the tests share the
 
 PROMPT, FOLLOW_UP = "Pick.", "Next."
 SCHEDULES = ("grpo", "token_ppo", "turn_ppo", "rtpo")
-SEEDS = (0, 1)
+SEEDS = (0, 1, 2, 3)
 STEPS = 8  # RL steps per run
 EPISODES = 16  # per step (RTPO: 8 trunks, each with 2 siblings per depth)
 LR = 2e-2  # high, so that a tiny model learns in a few steps; the critic takes 5x (as configs/turn_ppo.yaml)
-MIN_GAIN, MIN_MEAN_GAIN = 0.2, 0.35  # measured: every seed gained 0.40-0.70, every mean 0.50-0.70
+MIN_GAIN, MIN_MEAN_GAIN = 0.2, 0.35
+# measured with the engine's first sampler (V exponentials a token): every seed gained 0.38-0.70 (GRPO bandit, 40
+# seeds: mean 0.656). With one draw a token (2026-12-05; the same distribution, another random stream) GRPO's bandit
+# gained 0.09-0.71 over 40 seeds (mean 0.614; 5 of 40 below 0.31, seed 1 among them: 0.14), so a run may stall on
+# an unlucky stream: every schedule must gain on average and on all but one of four seeds
 
 
 def is_choice(text: str) -> bool:
@@ -210,7 +214,7 @@ def test_every_schedule_raises_its_success_rate(schedule: str, turns: int) -> No
     print(f"\n{report}")
     gains = [r.gain for r in runs.values()]
     assert sum(gains) / len(gains) > MIN_MEAN_GAIN, f"mean gain {sum(gains) / len(gains):+.3f}:\n{report}"
-    assert min(gains) > MIN_GAIN, f"a seed gained only {min(gains):+.3f}:\n{report}"
+    assert sorted(gains)[1] > MIN_GAIN, f"two seeds gained {sorted(gains)[:2]}:\n{report}"
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -223,7 +227,7 @@ def test_every_schedule_learns_when_the_last_turn_decides(schedule: str) -> None
     print(f"\n{report}")
     gains = [r.gain for r in runs.values()]
     assert sum(gains) / len(gains) > MIN_MEAN_GAIN, f"mean gain {sum(gains) / len(gains):+.3f}:\n{report}"
-    assert min(gains) > MIN_GAIN, f"a seed gained only {min(gains):+.3f}:\n{report}"
+    assert sorted(gains)[1] > MIN_GAIN, f"two seeds gained {sorted(gains)[:2]}:\n{report}"
     if schedule == "rtpo":  # the signal is at depth 1
         for r in runs.values():
             signal_1 = [m["rtpo/depth1/mean_abs_advantage"] for m in r.metrics]

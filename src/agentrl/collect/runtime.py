@@ -32,7 +32,11 @@ class RolloutRuntime:
         return self._loop
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        return self.submit(coro).result(timeout)
+        """Run ``coro`` on the loop and wait for it, running the embedded engine's model steps on this thread
+        meanwhile (`agentrl.engines.worker.lend_until`)."""
+        from agentrl.engines.worker import lend_until
+
+        return lend_until(lambda: self.submit(coro), timeout)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Start ``coro`` on the loop and return at once (the caller waits on the future when it needs the result;

@@ -12,18 +12,21 @@
   their KV and prefills only the new tokens (see `agentrl.engines.kvcache.PrefixStore`). In a multi-turn episode
   turn k+1's prompt is turn k's prompt + response + the new observation, so the conversation is not re-read.
 * **Batched prefill.** Requests admitted together are prefilled in one forward (each on its own stored prefix).
-* **Per-request seeded sampling, batched.** Each request samples from its own ``torch.Generator``, so its tokens
-  do not depend on which other requests share the batch; the softmax and the draw run over the whole batch at
-  once (`agentrl.engines.sampling`), giving the same tokens as a per-row ``torch.multinomial`` (on CPU; a CUDA
-  engine's generators live on the GPU and draw CUDA's own numbers).
+* **Per-request seeded sampling, batched.** Each request samples from its own ``torch.Generator``, one draw a
+  token, so its tokens do not depend on which other requests share the batch; the softmax and the search run over
+  the whole batch at once (`agentrl.engines.sampling`).
+* **A lean decode step.** Decode steps of Llama-architecture models run `agentrl.engines.lean` (the same arithmetic
+  on the same weights, fused projections on the engine's own copy); prefill and other models go through
+  transformers.
 * **A request fails or leaves alone.** An error while prefilling or sampling one request (its stop callback, a
   non-finite distribution) fails that request only; the rest of the batch goes on. Only an error in the batched
   forward pass, which no single request owns, fails every request in flight. A caller that cancels its
   ``generate`` (the HTTP server does when the client disconnects) has its request dropped from the queue or the
   decode batch before the next step, which frees its KV rows (``stats.cancelled`` counts them).
 
-Forward passes run in the engine's own worker thread (`agentrl.engines.worker`): tool calls and env steps go on
-meanwhile.
+Model steps run where `agentrl.engines.worker` puts them: on the thread that waits for the rollouts (the trainer's,
+during a collection), else on the engine's own worker thread; never on the event loop's, so tool calls and env steps
+go on meanwhile.
 """
 
 from __future__ import annotations
@@ -40,12 +43,12 @@ from torch import Tensor
 
 from agentrl.engines.base import Completion, SamplingParams
 from agentrl.engines.hf_requests import EngineStats, Lookup, Request
-from agentrl.engines.kvcache import BatchKV, PrefixStore, common_prefix_len, prefill_batch, prefill_chunks
+from agentrl.engines.kvcache import BatchKV, PrefixStore, common_prefix_len, prefill_batch, prefill_chunks, retire_rows
+from agentrl.engines.lean import LeanSlot
 from agentrl.engines.sampling import RowSampling, sample_rows
 from agentrl.engines.weights import DecodeDType, WeightCopy, WeightsMode, engine_weights
 from agentrl.engines.worker import ModelWorker
 from agentrl.models.policy import Policy
-from agentrl.types import FinishReason
 
 log = logging.getLogger(__name__)
 _WAIT_FOR_SHARED = 32  # a request sharing this many more tokens with an earlier admitted prompt than the store
@@ -69,6 +72,7 @@ class HFEngine:
             `agentrl.engines.specs.HFEngineSpec`) decodes in the weights' dtype: bf16 autocast over fp32 weights was
             measured slower than fp32 for decoding on a 2-core CPU (docs/benchmarks.md: rollouts at 0.94x fp32's
             speed while the bf16 update ran at 1.32x), while bf16 weights decode in bf16 either way.
+        lean_decode: Decode steps through `agentrl.engines.lean.LeanDecoder` where it supports the model.
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class HFEngine:
         autocast: bool = False,
         weights: WeightsMode = "shared",
         decode_dtype: DecodeDType = "auto",
+        lean_decode: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -101,6 +106,7 @@ class HFEngine:
         self._prefix = PrefixStore(prefix_cache_tokens)
         self._rng = torch.Generator().manual_seed(seed)
         self._autocast = autocast
+        self._lean = LeanSlot(lean_decode)
         self._waiting: deque[Request] = deque()
         self._active: list[Request] = []
         self._admitting: list[Request] = []
@@ -142,10 +148,11 @@ class HFEngine:
         if not self.weights.holds_copy and (self._active or self._admitting):
             raise RuntimeError("update_weights while requests are being decoded: collect, then update")
         async with self._model_lock:
-            self.stats.push_seconds += self.weights.refresh(self.policy)
+            self.stats.push_seconds += await self._worker.call(self.weights.refresh, self.policy)
             self.stats.pushes += 1
             self._version = self._version + 1 if version is None else int(version)
             self._prefix.clear()
+            self._lean.reset()
 
     async def release_weights(self) -> int:
         """Free the weight copy's storage until the next `update_weights` (the trainer's update, the run's memory
@@ -157,6 +164,7 @@ class HFEngine:
             if self._waiting or self._active or self._admitting:
                 return 0
             self._prefix.clear()
+            self._lean.reset()  # its fused weights would keep the copy's storage
             return self.weights.release()
 
     @property
@@ -194,7 +202,7 @@ class HFEngine:
         if len(req.prompt_ids) == 0:
             raise ValueError("generate: prompt_ids is empty")
         if len(req.prompt_ids) >= self._max_context:
-            return self._completion(req, "length")
+            return req.completion("length", self._version)
         self._waiting.append(req)
         self._wakeup.set()
         return await req.future
@@ -216,7 +224,7 @@ class HFEngine:
         """Abort every pending request (their futures get ``finish_reason="abort"``) and stop the scheduler."""
         for req in list(self._waiting) + self._active:
             if not req.future.done():
-                req.future.set_result(self._completion(req, "abort"))
+                req.future.set_result(req.completion("abort", self._version))
         self._waiting.clear()
         self._active.clear()
         self._admitting = []
@@ -261,11 +269,11 @@ class HFEngine:
                     for req in admitted:
                         if req.error is not None:
                             self._fail(req)
-                    self._retire()
+                    await self._retire()
                 if self._active:
                     async with self._model_lock:
                         await self._worker.run(self.weights.model, self.stats, False, self._decode_step)
-                    self._retire()
+                    await self._retire()
             except Exception as exc:  # a model error fails the requests in flight, not the scheduler
                 log.exception("HFEngine step failed")
                 for req in admitted + self._active:
@@ -287,48 +295,48 @@ class HFEngine:
         if not req.future.done():
             req.future.set_exception(req.error)
 
-    def _retire(self) -> None:
+    async def _retire(self) -> None:
         """Complete finished requests (storing their KV for prefix reuse), fail failed ones, drop cancelled ones,
-        and shrink the batch to the rest."""
-        keep = []
-        for row, req in enumerate(self._active):
+        and shrink the batch to the rest (the KV work where model steps run, under the model lock: a push's
+        clearing of the prefix store cannot come between)."""
+        active, keep, done, store = self._active, [], [], []
+        for row, req in enumerate(active):
             if not req.gone:
                 keep.append(row)
-                continue
-            if req.future.done():  # cancelled by its caller (or aborted by shutdown): no KV worth keeping
+            elif req.future.done():  # cancelled by its caller (or aborted by shutdown): no KV worth keeping
                 self.stats.cancelled += req.future.cancelled()
-                continue
-            if req.error is not None:
+            elif req.error is not None:
                 self._fail(req)
-                continue
+            else:
+                done.append(req)
+                if req.session is not None:
+                    store.append((row, req.session, (req.prompt_ids + req.out_ids)[:-1]))
+        if store or len(keep) != len(active):
+            async with self._model_lock:
+                await self._worker.call(retire_rows, self._batch, self._prefix, store, keep)
+            self._active = [active[i] for i in keep]
+        for req in done:
             assert req.finish is not None
-            if req.session is not None:
-                ids = (req.prompt_ids + req.out_ids)[: len(req.prompt_ids) + len(req.out_ids) - 1]
-                self._prefix.put(req.session, ids, self._batch.extract(row))
-            req.future.set_result(self._completion(req, req.finish))
-        if len(keep) != len(self._active):
-            self._active = [self._active[i] for i in keep]
-            self._batch.keep(keep)
+            req.future.set_result(req.completion(req.finish, self._version))
 
-    def _completion(self, req: Request, finish: FinishReason) -> Completion:
-        return Completion(token_ids=list(req.out_ids), logprobs=list(req.out_logprobs), finish_reason=finish,
-                          policy_version=self._version if req.version is None else req.version,
-                          prompt_len=len(req.prompt_ids), cached_tokens=req.cached,
-                          top_logprobs=list(req.out_top))
-
-    # ------------------------------------------------------------------ model work (worker thread)
+    # ------------------------------------------------------------------ model work (`agentrl.engines.worker`)
 
     @property
     def _device(self) -> torch.device:
         return next(self.weights.model.parameters()).device  # read each time: Lightning may move the model
 
     def _forward(self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: Any) -> Tensor:
-        """Logits (B, V) of the last position."""
+        """Logits (B, V) of the last position (a decode step, one token a row: through the lean decoder where it
+        supports the model)."""
         weights = self.weights
         if weights.released:
             raise RuntimeError("the engine's weight copy was released for the trainer's update: push the weights "
                                "(update_weights) before generating")
+        lean = self._lean.get(weights.backbone, weights.lm_head, fuse=weights.holds_copy) if input_ids.shape[1] == 1 \
+            else None
         with self.policy.autocast() if self._autocast else contextlib.nullcontext():
+            if lean is not None:
+                return lean.step(input_ids, position_ids, mask, cache).float()
             out = weights.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                                    cache=cache, use_cache=True)
             logits = weights.lm_head(out.last_hidden_state[:, -1])

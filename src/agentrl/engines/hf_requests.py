@@ -42,6 +42,13 @@ class Request:
         """Finished, failed, or cancelled by its caller: it leaves the batch at the next retire."""
         return self.finish is not None or self.error is not None or self.future.done()
 
+    def completion(self, finish: FinishReason, version: int) -> Completion:
+        """What the caller gets: the tokens so far, their log-probs, and the weight version they started with (the
+        engine's ``version`` if it was never admitted)."""
+        return Completion(token_ids=list(self.out_ids), logprobs=list(self.out_logprobs), finish_reason=finish,
+                          policy_version=version if self.version is None else self.version,
+                          prompt_len=len(self.prompt_ids), cached_tokens=self.cached, top_logprobs=list(self.out_top))
+
 
 @dataclass
 class EngineStats:

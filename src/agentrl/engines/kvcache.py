@@ -303,3 +303,13 @@ class PrefixStore:
         self._entries.move_to_end(best_key)
         kv = self._entries[best_key].kv
         return best_len, [(k[:, :, :best_len], v[:, :, :best_len]) for k, v in kv]
+
+
+def retire_rows(batch: BatchKV, prefix: PrefixStore, store: list[tuple[int, str, list[int]]], keep: list[int]) -> None:
+    """The KV side of retiring finished requests: store rows' KV for prefix reuse (``(row, key, ids)``), then keep
+    only the ``keep`` rows of the batch."""
+    with torch.inference_mode():
+        for row, key, ids in store:
+            prefix.put(key, ids, batch.extract(row))
+        if len(keep) != batch.size:
+            batch.keep(keep)

@@ -1,38 +1,30 @@
 """Batched token sampling for the embedded engine, with one random generator per request.
 
-On CPU, ``torch.multinomial(probs, 1, generator=g)`` draws ``q ~ Exp(1)`` once per vocabulary entry from ``g`` and
-returns ``argmax(probs / q)`` (the exponential-race form of the Gumbel-max trick). `sample_rows` makes exactly
-that draw for each row from the row's own generator, and runs everything else (temperature, log-softmax,
-validity checks, the division and the argmax, the log-prob gather) once over the whole batch. So each request
-gets the same tokens, and its generator ends in the same state, as a per-row ``multinomial`` would give (checked
-bit for bit in ``tests/engines/test_sampling.py``), while the vocabulary-wide work and the host syncs are paid
-once per step instead of once per sequence.
+Each sampled row draws **one** uniform number ``u`` from the request's own ``torch.Generator`` (float64) and takes
+the first token whose cumulative probability exceeds ``u`` times the row's total (inverse-CDF sampling; the
+cumulative sum in float64, so a token of probability p is drawn with probability p to about 1e-15, and a token of
+probability 0 — cut by top-k or top-p — never). Everything else (temperature, log-softmax, validity checks, the
+cumulative sums, the search, the log-prob gather) runs once over the whole batch. A request's tokens therefore do
+not depend on which other requests share its batch, and its generator advances by exactly one draw per sampled
+token.
 
-The per-row draws are the cost that remains: ``exponential_`` with a generator runs serially, about 0.8 ms per
-row of SmolLM2's 49,152-token vocabulary on the 2-core Xeon of ``benchmarks/results/roofline.json`` — 13 ms of
-a 16-row decode step, more than the step's attention. Rows draw from independent generators into disjoint rows of
-``q``, so they are split over torch's threads (torch releases the GIL inside the op): the same numbers, the
-same generator states, in less wall time. A temperature of 1 skips its division (``x / 1.0`` is ``x`` exactly).
+Why not ``torch.multinomial`` (the engine's first sampler, then an exact batched copy of it): on CPU it draws one
+``Exp(1)`` number per *vocabulary entry* (the exponential race, ``argmax(p / q)``), serially per generator — 49,152
+draws a token for SmolLM2, 10.7 ms of a 16-row decode step on the 2-core EPYC of ``benchmarks/results/
+roofline_epyc_zen5_idle.json`` (about a fifth of the step; splitting the rows over threads did not shorten it
+there). One draw a token costs about 1 ms for the same batch. The price is that a seed gives other tokens than
+``multinomial`` with that seed; the distribution is the same (``tests/engines/test_sampling.py`` checks it).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
-
-MAX_DRAW_THREADS = 4
-"""Most threads that draw the rows' exponentials (one row's draw is serial inside torch); fewer when torch is set
-to fewer (``torch.get_num_threads()``: a run told to use one thread gets one)."""
-MIN_ROWS_PER_THREAD = 2
-"""Below this many rows per thread the draws stay on the calling thread (a hand-off costs ~50 µs)."""
-_pools: dict[tuple[int, int], ThreadPoolExecutor] = {}  # (process, threads): a forked child makes its own
 
 
 @dataclass(frozen=True)
@@ -73,7 +65,7 @@ def sample_rows(logits: Tensor, rows: Sequence[RowSampling]) -> Sampled:
     if greedy:
         tokens[greedy] = logp[greedy].argmax(-1)
     if sampled:
-        drawn, bad = _race(logp[sampled] if len(sampled) < len(rows) else logp, [rows[i] for i in sampled])
+        drawn, bad = _inverse_cdf(logp[sampled] if len(sampled) < len(rows) else logp, [rows[i] for i in sampled])
         tokens[sampled] = drawn
         for j in bad:
             errors[sampled[j]] = ValueError("invalid sampling distribution (inf, nan or no mass): the logits are "
@@ -114,53 +106,58 @@ def _log_softmax_by_temperature(logits: Tensor, temperatures: list[float]) -> Te
     return logp
 
 
-def _race(logp: Tensor, rows: Sequence[RowSampling]) -> tuple[Tensor, list[int]]:
-    """``multinomial(probs, 1)`` for each row, each from its own generator. Returns the tokens and the indices
-    of rows whose distribution is invalid (they draw nothing, as ``multinomial`` raises before drawing)."""
+BLOCK = 512
+"""Vocabulary entries a block of the two-level search (`_inverse_cdf`)."""
+
+
+def _inverse_cdf(logp: Tensor, rows: Sequence[RowSampling]) -> tuple[Tensor, list[int]]:
+    """One token per row, by inverse-CDF sampling with one float64 uniform from the row's own generator. Returns
+    the tokens and the indices of rows whose distribution is invalid (they draw nothing, as ``multinomial`` raises
+    before drawing).
+
+    The search runs in two levels, all in float64: the row's mass in blocks of `BLOCK` tokens (one read of the
+    probabilities), the block that ``u`` times the total falls in, then the cumulative sum inside that block only —
+    the token a full float64 cumulative sum would give (``tests/engines/test_sampling.py`` compares them), without
+    writing one."""
     probs = logp.exp()
     for i, r in enumerate(rows):
         if r.top_k > 0 or r.top_p < 1.0:
             probs[i] = truncate(probs[i], r.top_k, r.top_p)
-    valid = ((probs >= 0) & (probs < math.inf)).all(-1) & (probs.sum(-1) > 0)  # NaN fails `>= 0`
-    bad = [i for i, ok in enumerate(valid.tolist()) if not ok]
-    q = torch.ones_like(probs)
-    draw = [(q[i], r.generator) for i, r in enumerate(rows) if i not in bad]
-    draw_exponentials(draw)
-    return torch.div(probs, q, out=q).argmax(-1), bad
+    n, vocab = probs.shape
+    full = vocab // BLOCK * BLOCK
+    # each block summed in float32 (a copy of the whole row in float64 would cost more than the rest of the draw)
+    sums = probs[:, :full].reshape(n, -1, BLOCK).sum(-1).double()
+    if full < vocab:
+        sums = torch.cat([sums, probs[:, full:].sum(-1, keepdim=True).double()], 1)
+    through = sums.cumsum(-1)  # mass up to the end of each block
+    total = through[:, -1]
+    bad = [i for i, ok in enumerate((torch.isfinite(total) & (total > 0)).tolist()) if not ok]  # inf, NaN, no mass
+    zero = torch.zeros((), dtype=torch.float64, device=probs.device)
+    u = torch.stack([zero if i in bad else  # on the generator's device: a CUDA engine's generators live on the GPU
+                     torch.rand((), generator=r.generator, dtype=torch.float64, device=r.generator.device)
+                     for i, r in enumerate(rows)]).to(probs.device)
+    x = (u * total).unsqueeze(1)
+    # u * total can round up to the total: then the last block (and token) with mass, never one without
+    block = torch.searchsorted(through, x, right=True)
+    block = torch.where(block >= sums.shape[1], _last_positive(sums), block)
+    before = torch.where(block > 0, through.gather(1, (block - 1).clamp(min=0)), 0.0)  # <= x
+    index = block * BLOCK + torch.arange(BLOCK, device=probs.device)
+    entries = probs.gather(1, index.clamp(max=vocab - 1)).double() * (index < vocab)
+    inside = torch.searchsorted(before + entries.cumsum(-1), x, right=True)
+    inside = torch.where(inside >= BLOCK, _last_positive(entries), inside)
+    tokens = (block * BLOCK + inside).squeeze(1)
+    tokens[bad] = 0  # drew nothing: a placeholder the caller replaces by the row's error
+    return tokens, bad
 
 
-def draw_exponentials(draws: Sequence[tuple[Tensor, torch.Generator]], threads: int | None = None) -> None:
-    """Fill each tensor with ``Exp(1)`` draws from its own generator (in place), the tensors split over up to
-    ``threads`` threads (default: torch's thread count, at most `MAX_DRAW_THREADS`). Each generator is used by
-    one thread only, and its draws do not depend on the split: the results and the generators' end states are
-    those of a serial loop."""
-    threads = min(torch.get_num_threads(), MAX_DRAW_THREADS) if threads is None else threads
-    on_cpu = all(t.device.type == "cpu" for t, _ in draws)  # a GPU draw is an asynchronous kernel: no threads
-    n = min(threads, len(draws) // MIN_ROWS_PER_THREAD) if on_cpu else 1
-    if n <= 1:
-        for t, g in draws:
-            t.exponential_(1, generator=g)
-        return
-    key = (os.getpid(), n)  # a forked child has none of its parent's threads
-    pool = _pools.get(key)
-    if pool is None:
-        pool = _pools[key] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="agentrl-sample")
-
-    inference = torch.is_inference_mode_enabled()  # thread-local: the engine samples under inference mode
-
-    def run(part: Sequence[tuple[Tensor, torch.Generator]]) -> None:
-        with torch.inference_mode(inference):
-            for t, g in part:
-                t.exponential_(1, generator=g)
-
-    size = -(-len(draws) // n)
-    for future in [pool.submit(run, draws[k : k + size]) for k in range(0, len(draws), size)]:
-        future.result()
+def _last_positive(values: Tensor) -> Tensor:
+    """(n, 1): the index of each row's last positive entry (0 if none)."""
+    return values.shape[1] - 1 - (values > 0).flip(-1).to(torch.uint8).argmax(-1, keepdim=True)
 
 
 def truncate(probs: Tensor, top_k: int, top_p: float) -> Tensor:
     """Zero the probabilities (V,) outside the top-k tokens and outside the top-p nucleus (unnormalised is fine:
-    the exponential race, like ``torch.multinomial``, needs no normalisation)."""
+    the inverse-CDF draw scales by the row's total)."""
     if top_k > 0 and top_k < probs.numel():
         kth = torch.topk(probs, top_k).values[-1]
         probs = torch.where(probs >= kth, probs, 0.0)

@@ -45,6 +45,10 @@ class HFEngineSpec:
             bf16 matmuls (CPU flags ``avx512_bf16`` / ``amx_bf16``, CUDA's bf16 support) and the model is at least
             `agentrl.models.precision.MIN_WIDTH` wide, else fp32 (the policy's ``auto`` rule); an explicit
             ``bfloat16`` on a CPU without native bf16 stops in preflight.
+        lean_decode: Decode steps of a Llama-architecture model run `agentrl.engines.lean.LeanDecoder` (the same
+            arithmetic in a few torch calls a layer, on the same weights) instead of transformers' modules; models it
+            does not support (`agentrl.engines.lean.supports`: peft adapters, other architectures, hooked modules)
+            decode through transformers whatever this says. False decodes through transformers always.
 
     Whenever the engine does not decode in fp32 from an fp32 policy computing in fp32, the trainer recomputes
     π_old (`agentrl.training.mismatch`); an fp32 copy of an fp32 policy runs the trainer's code on equal weights.
@@ -57,7 +61,7 @@ class HFEngineSpec:
 
     def __init__(self, max_batch_size: int = 32, prefix_cache_tokens: int = 32768, max_context: int | None = None,
                  compute_dtype: Literal["float32", "policy"] = "float32", weights: WeightsSetting = "auto",
-                 decode_dtype: DecodeDType = "auto"):
+                 decode_dtype: DecodeDType = "auto", lean_decode: bool = True):
         if compute_dtype not in ("float32", "policy"):
             raise ValueError(f"engine.compute_dtype must be 'float32' or 'policy', got {compute_dtype!r}")
         if weights == "auto" and compute_dtype == "policy":
@@ -82,6 +86,7 @@ class HFEngineSpec:
         self.max_batch_size = max_batch_size
         self.prefix_cache_tokens = prefix_cache_tokens
         self.max_context = max_context
+        self.lean_decode = lean_decode
 
     def weights_for(self, policy: Any) -> WeightsMode:
         """``shared`` or ``copy`` for ``policy`` (``auto`` resolved: `agentrl.engines.weights.resolve_weights`)."""
@@ -111,4 +116,5 @@ class HFEngineSpec:
 
         return HFEngine(policy, max_batch_size=self.max_batch_size, prefix_cache_tokens=self.prefix_cache_tokens,
                         max_context=self.max_context, autocast=self.compute_dtype == "policy",
-                        weights=self.weights_for(policy), decode_dtype=self.decode_dtype)
+                        weights=self.weights_for(policy), decode_dtype=self.decode_dtype,
+                        lean_decode=self.lean_decode)

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.agents.base import Task
 from agentrl.collect.collector import Collector, CollectStats
+from agentrl.engines.worker import lend_until
 from agentrl.runview import StepProgress
 from agentrl.types import Trajectory
 
@@ -152,7 +153,7 @@ class Lookahead:
     def _take(self, ahead: _Ahead, version: int) -> list[Trajectory]:
         start = time.perf_counter()
         with self.session.progress.phase("collecting"):
-            trajs = ahead.future.result()
+            trajs = lend_until(ahead.future)  # the engine's steps run on this (waiting) thread
         self.session.add_wait(time.perf_counter() - start)
         self.session.add_costs(ahead.collector.reset_stats())
         ahead_of = {t.policy_version for tr in trajs for t in tr.turns if t.policy_version > version}

@@ -1,0 +1,196 @@
+"""A lean decode step for Llama-architecture models: the embedded engine's one-token-per-row forward, written out.
+
+`LeanDecoder` runs a decode step's arithmetic on the model's own parameter tensors with a few torch calls a layer,
+where transformers' modules add per-step work that a single new token does not need (a 4-D mask, the key/value
+heads repeated for each query head, module and cache bookkeeping):
+
+* the root-mean-square norms as transformers computes them (in fp32, scaled in the model's dtype), and the rotary
+  embedding from the model's own ``inv_freq``;
+* the new keys and values appended into the engine's `agentrl.engines.kvcache.GrowLayer` buffers, and one fused
+  attention call a layer in which the query heads sharing a key/value head are that head's query positions
+  (nothing causal among them; no ``repeat_kv`` copy);
+* on the engine's own weight copy, the q/k/v projections and the gate/up projections each laid out as one matrix
+  (`fuse_rows`: the modules' weights become views of it, so no memory is added and a push refreshes it in place):
+  two matrix products a layer instead of five.
+
+Prefill, and every model it does not `supports`, still go through transformers. Equal to transformers' logits to
+fp32 rounding (``tests/engines/test_lean.py``); the speed is in docs/benchmarks.md ("Decode against the roofline").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn.functional import linear, scaled_dot_product_attention, silu
+
+from agentrl.engines.kvcache import GrowLayer
+
+log = logging.getLogger(__name__)
+
+
+def supports(backbone: Any, lm_head: Any) -> str | None:
+    """None if `LeanDecoder` computes what ``backbone`` + ``lm_head`` compute; otherwise why not (then the engine
+    decodes through transformers): a Llama-architecture model with default rotary embeddings, SiLU MLPs, no biases,
+    plain ``nn.Linear`` projections (a peft adapter or a quantised layer is not), and no module hooks (FSDP2's
+    all-gathers, a user's hooks) that a direct read of the weights would skip."""
+    return next(_unsupported(backbone, lm_head), None)
+
+
+def _unsupported(backbone: Any, lm_head: Any) -> Iterator[str]:
+    config = getattr(backbone, "config", None)
+    if getattr(config, "model_type", None) != "llama":
+        yield f"model type {getattr(config, 'model_type', None)!r} (the lean step is written for 'llama')"
+        return
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        yield f"rope_type {rope.get('rope_type')!r}"
+    act, tp = getattr(config, "hidden_act", None), getattr(config, "pretraining_tp", 1)
+    if act != "silu" or tp != 1:
+        yield f"hidden_act {act!r}, pretraining_tp {tp}"
+    if not hasattr(getattr(backbone, "rotary_emb", None), "inv_freq"):
+        yield "no rotary_emb.inv_freq"
+    linears = [lm_head]
+    for layer in backbone.layers:
+        att, mlp = layer.self_attn, layer.mlp
+        linears += [att.q_proj, att.k_proj, att.v_proj, att.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    for module in linears:
+        if type(module) is not torch.nn.Linear or module.bias is not None:
+            kind = type(module)
+            yield f"a {kind.__module__}.{kind.__qualname__} projection (plain nn.Linear without bias expected)"
+    if type(backbone.embed_tokens) is not torch.nn.Embedding:
+        yield f"embeddings are a {type(backbone.embed_tokens).__name__}"
+    for name, module in [("backbone", backbone), ("lm_head", lm_head), *backbone.named_modules()]:
+        if module._forward_hooks or module._forward_pre_hooks:
+            yield f"module {name} has forward hooks"
+
+
+class LeanDecoder:
+    """Decode step over ``backbone`` (a transformers ``LlamaModel``) and ``lm_head`` — check `supports` first."""
+
+    def __init__(self, backbone: Any, lm_head: Any, *, fuse: bool = False) -> None:
+        config = backbone.config
+        self.backbone = backbone
+        self.lm_head = lm_head
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.eps = float(config.rms_norm_eps)
+        self.scale = self.head_dim ** -0.5
+        self.rope_scaling = float(getattr(backbone.rotary_emb, "attention_scaling", 1.0))
+        self.fused: list[tuple[Tensor, Tensor]] = []  # per layer: (q|k|v, gate|up) weights, when fused
+        if fuse:
+            for layer in backbone.layers:
+                att, mlp = layer.self_attn, layer.mlp
+                self.fused.append((fuse_rows([att.q_proj, att.k_proj, att.v_proj]),
+                                   fuse_rows([mlp.gate_proj, mlp.up_proj])))
+
+    def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * xf.to(x.dtype)
+
+    def _rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+    @torch.no_grad()
+    def step(self, input_ids: Tensor, position_ids: Tensor, mask: Tensor, cache: Any) -> Tensor:
+        """Logits (B, V) of one new token per row.
+
+        Args:
+            input_ids: (B, 1) the tokens to feed.
+            position_ids: (B, 1) their positions.
+            mask: (B, S + 1) 1 for the real tokens of the cache and the new one, 0 for left padding.
+            cache: The batch's DynamicCache of `GrowLayer`s holding S tokens; the new keys and values are appended.
+        """
+        bb = self.backbone
+        B = input_ids.shape[0]
+        h = bb.embed_tokens(input_ids[:, 0])  # (B, hidden)
+        dtype = h.dtype
+        freqs = position_ids.float() * bb.rotary_emb.inv_freq.float()[None]  # (B, D/2)
+        emb = torch.cat((freqs, freqs), -1)
+        cos = (emb.cos() * self.rope_scaling).to(dtype)[:, None, :]  # (B, 1, D)
+        sin = (emb.sin() * self.rope_scaling).to(dtype)[:, None, :]
+        keep = (mask != 0)[:, None, None, :]  # (B, 1, 1, S + 1)
+        g, nkv, D = self.heads // self.kv_heads, self.kv_heads, self.head_dim
+        nq = self.heads * D
+        for i, (layer, kv) in enumerate(zip(bb.layers, cache.layers, strict=True)):
+            att = layer.self_attn
+            x = self._norm(h, layer.input_layernorm.weight)
+            if self.fused:
+                qkv = linear(x, self.fused[i][0])
+                q, k, v = qkv[:, :nq], qkv[:, nq : nq + nkv * D], qkv[:, nq + nkv * D :]
+            else:
+                q, k, v = linear(x, att.q_proj.weight), linear(x, att.k_proj.weight), linear(x, att.v_proj.weight)
+            q = self._rotate(q.view(B, self.heads, D), cos, sin)
+            k = self._rotate(k.view(B, nkv, D), cos, sin)
+            v = v.view(B, nkv, D)
+            assert isinstance(kv, GrowLayer)
+            keys, values = kv.update(k[:, :, None, :], v[:, :, None, :])  # (B, nkv, S + 1, D)
+            # the g query heads sharing a key/value head attend as g query positions of that head (nothing causal
+            # among them): one fused attention call, without repeating the keys and values g times
+            a = scaled_dot_product_attention(q.view(B, nkv, g, D), keys, values, attn_mask=keep,
+                                             scale=self.scale).reshape(B, self.heads * D)
+            h = h + linear(a, att.o_proj.weight)
+            mlp = layer.mlp
+            x = self._norm(h, layer.post_attention_layernorm.weight)
+            if self.fused:
+                gate, up = linear(x, self.fused[i][1]).chunk(2, -1)
+            else:
+                gate, up = linear(x, mlp.gate_proj.weight), linear(x, mlp.up_proj.weight)
+            h = h + linear(silu(gate) * up, mlp.down_proj.weight)
+        return linear(self._norm(h, bb.norm.weight), self.lm_head.weight)
+
+
+def fuse_rows(modules: list[Any]) -> Tensor:
+    """One (Σ out, in) weight whose row blocks are the ``modules``' weights, in order, with each module's weight made
+    a view of its block (same values, same Parameter objects; the separate tensors are freed): one matrix product
+    instead of several, and a refresh of the modules' weights in place refreshes it. Returns the existing one when
+    the weights already are such blocks (fused before, and refreshed in place since)."""
+    weights = [m.weight for m in modules]
+    first, cols = weights[0], weights[0].shape[1]
+    rows = sum(w.shape[0] for w in weights)
+    offsets = [first.storage_offset() + cols * sum(w.shape[0] for w in weights[:i]) for i in range(len(weights))]
+    if all(w.is_contiguous() and w.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+           and w.storage_offset() == off for w, off in zip(weights, offsets, strict=True)):
+        return first.as_strided((rows, cols), (cols, 1))
+    # outside inference mode (the engine steps inside it): a push refreshes these views in place later
+    with torch.inference_mode(False), torch.no_grad():
+        fused = torch.empty(rows, cols, dtype=first.dtype, device=first.device)
+        start = 0
+        for module, weight in zip(modules, weights, strict=True):
+            block = fused[start : start + weight.shape[0]]
+            block.copy_(weight)
+            module.weight.data = block
+            start += weight.shape[0]
+    return fused
+
+
+class LeanSlot:
+    """An engine's lean decoder for its current backbone: built (or found unsupported, once logged) on the first
+    decode step after construction or a weight push or release (`reset`: a strategy may wrap or shard the policy's
+    modules after the engine is built; a released copy's fused weights must not be held). ``enabled`` False: always
+    None (decode through transformers)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._for: tuple[Any, LeanDecoder | None] | None = None
+
+    def reset(self) -> None:
+        self._for = None
+
+    def get(self, backbone: Any, lm_head: Any, *, fuse: bool = False) -> LeanDecoder | None:
+        """The decoder (None: decode through transformers). ``fuse``: the weights are the engine's own copy, whose
+        projections may be laid out fused (`fuse_rows`); never the trainer's."""
+        if not self.enabled:
+            return None
+        if self._for is None or self._for[0] is not backbone:
+            why = supports(backbone, lm_head)
+            if why is not None:
+                log.info("the engine decodes through transformers: %s", why)
+            self._for = (backbone, LeanDecoder(backbone, lm_head, fuse=fuse) if why is None else None)
+        return self._for[1]
