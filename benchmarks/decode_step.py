@@ -39,15 +39,17 @@ from rollout_throughput import conversation
 from agentrl.collect.runtime import RolloutRuntime
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
+from agentrl.engines.lean import pack_weight, packed_linear, packs
 from agentrl.models.policy import Policy
 from agentrl.models.precision import cpu_identity
 
 
-def measure(policy: Policy, weights: str, lean: bool, batch: int, tokens: int, repeats: int) -> dict[str, Any]:
+def measure(policy: Policy, weights: str, lean: bool, pack: bool, batch: int, tokens: int,
+            repeats: int) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     engine = HFEngine(policy, max_batch_size=max(32, batch), prefix_cache_tokens=0, weights=weights,  # type: ignore[arg-type]
-                      lean_decode=lean)
+                      lean_decode=lean, pack_weights=pack)
     prompts = [conversation(policy.tokenizer, e) for e in range(batch)]
 
     async def generate(n: int) -> None:
@@ -69,7 +71,10 @@ def measure(policy: Policy, weights: str, lean: bool, batch: int, tokens: int, r
     ops = {e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()}
     dtype = str(next(engine.weights.model.parameters()).dtype).removeprefix("torch.")
     assert engine._worker.worker_steps == 0, "a model step ran on the engine's own thread"
-    return {"weights": weights, "dtype": dtype, "lean_decode": lean, "batch": batch, "decode_steps": steps,
+    decoder = engine._lean._for[1] if engine._lean._for else None
+    packed = decoder is not None and decoder.packed is not None
+    return {"weights": weights, "dtype": dtype, "lean_decode": lean, "packed_weights": packed, "batch": batch,
+            "decode_steps": steps,
             "wall_ms_per_step": walls, "best_wall_ms_per_step": min(walls),
             "op_ms_per_step": sum(ops.values()),
             "top_ops_ms_per_step": dict(sorted(ops.items(), key=lambda kv: -kv[1])[:12])}
@@ -77,7 +82,9 @@ def measure(policy: Policy, weights: str, lean: bool, batch: int, tokens: int, r
 
 def floors_now(batch: int, repeats: int = 7, min_seconds: float = 0.01) -> dict[str, dict[str, float]]:
     """The decode floors measured now, in this process at its thread count (`roofline`'s shapes and method):
-    per dtype, the sum of one step's projection matmuls at ``batch`` rows and weight bytes / read bandwidth."""
+    per dtype, the sum of one step's projection matmuls at ``batch`` rows and weight bytes / read bandwidth; for
+    bf16 also the same matmuls with the weights packed in oneDNN's layout (`agentrl.engines.lean.packs`), the
+    kernel the packed lean step calls."""
     threads = torch.get_num_threads()
     read = max(r["gb_per_s"] for r in roofline.bandwidth(threads, 512, repeats, min_seconds)
                if r["op"] == "sum (read)")
@@ -85,9 +92,21 @@ def floors_now(batch: int, repeats: int = 7, min_seconds: float = 0.01) -> dict[
                             kind="decode", name=name)
             for dtype in (torch.float32, torch.bfloat16) for name, (k, n) in roofline.PROJECTIONS.items()]
     params = roofline.smollm2_parameters()
-    return {dtype: {"matmul_floor_ms": roofline.step_matmul_ms(rows, threads, dtype, batch),
-                    "bandwidth_floor_ms": params * size / (read * 1e9) * 1e3}
-            for dtype, size in (("float32", 4), ("bfloat16", 2))}
+    floors = {dtype: {"matmul_floor_ms": roofline.step_matmul_ms(rows, threads, dtype, batch),
+                      "bandwidth_floor_ms": params * size / (read * 1e9) * 1e3}
+              for dtype, size in (("float32", 4), ("bfloat16", 2))}
+    if packs(torch.zeros(1, dtype=torch.bfloat16)) is None:
+        packed = []
+        for name, (k, n) in roofline.PROJECTIONS.items():
+            ws = [pack_weight(w) for w in roofline.weights(n, k, torch.bfloat16, 256)]
+            x = torch.randn(batch, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+            turn = iter(range(1 << 62))
+            seconds = roofline.best_seconds(lambda: packed_linear(x, ws[next(turn) % len(ws)]),  # noqa: B023
+                                            repeats, min_seconds)
+            packed.append({"kind": "decode", "threads": threads, "dtype": "bfloat16", "m": batch, "name": name,
+                           "ms": seconds * 1e3})
+        floors["bfloat16"]["packed_matmul_floor_ms"] = roofline.step_matmul_ms(packed, threads, "bfloat16", batch)
+    return floors
 
 
 def main() -> None:
@@ -100,10 +119,10 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)  # "weights:lean" — one engine, its result on stdout
     args = parser.parse_args()
     if args.one:
-        weights, lean = args.one.split(":")
+        weights, kind = args.one.split(":")
         policy = Policy("smollm2-135m-instruct", dtype="float32", compute_dtype="float32")
         policy.model.eval()
-        one = measure(policy, weights, lean == "lean", args.batch, args.tokens, args.repeats)
+        one = measure(policy, weights, kind != "hf", kind == "lean-packed", args.batch, args.tokens, args.repeats)
         print("RESULT " + json.dumps(one))
         return
     threads = torch.get_num_threads()
@@ -112,33 +131,41 @@ def main() -> None:
                               "workload": {"batch": args.batch, "tokens": args.tokens, "repeats": args.repeats,
                                            "rounds": args.rounds}}
     before = floors_now(args.batch)
-    configs = (("shared", False), ("shared", True), ("copy", False), ("copy", True))
-    runs: dict[tuple[str, bool], list[dict[str, Any]]] = {c: [] for c in configs}
+    # decode path: transformers' modules, the lean step (the default), the lean step with packed weights (where the
+    # CPU's oneDNN packs bf16: `engine.pack_weights: true`)
+    configs = (("shared", "hf"), ("shared", "lean"), ("copy", "hf"), ("copy", "lean"), ("copy", "lean-packed"))
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {c: [] for c in configs}
     for _ in range(args.rounds):
-        for weights, lean in configs:  # each engine in a process of its own, as in a run
-            out = subprocess.run([sys.executable, __file__, "--one", f"{weights}:{'lean' if lean else 'hf'}",
+        for weights, kind in configs:  # each engine in a process of its own, as in a run
+            out = subprocess.run([sys.executable, __file__, "--one", f"{weights}:{kind}",
                                   "--batch", str(args.batch), "--tokens", str(args.tokens),
                                   "--repeats", str(args.repeats)], capture_output=True, text=True, check=True)
             line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
-            runs[weights, lean].append(json.loads(line.removeprefix("RESULT ")))
+            runs[weights, kind].append(json.loads(line.removeprefix("RESULT ")))
     after = floors_now(args.batch)
     result["floors"] = {"before": before, "after": after,
                         "used": "the lower of before and after (the fastest kernels seen: the strictest floor)"}
     result["engines"] = []
-    for weights, lean in configs:
-        r = min(runs[weights, lean], key=lambda x: x["best_wall_ms_per_step"])  # its profile and op table
-        r["wall_ms_per_step"] = [w for x in runs[weights, lean] for w in x["wall_ms_per_step"]]
+    for weights, kind in configs:
+        r = min(runs[weights, kind], key=lambda x: x["best_wall_ms_per_step"])  # its profile and op table
+        r["decode_path"] = kind
+        r["wall_ms_per_step"] = [w for x in runs[weights, kind] for w in x["wall_ms_per_step"]]
         r["best_wall_ms_per_step"] = min(r["wall_ms_per_step"])
-        for floor in ("matmul_floor_ms", "bandwidth_floor_ms"):
+        line = []
+        for floor in ("matmul_floor_ms", "packed_matmul_floor_ms", "bandwidth_floor_ms"):
+            if floor not in before[r["dtype"]]:
+                continue
             r[floor] = min(before[r["dtype"]][floor], after[r["dtype"]][floor])
             r["fraction_of_" + floor.removesuffix("_ms")] = r[floor] / r["best_wall_ms_per_step"]
+            line.append(f"{floor.removesuffix('_ms').replace('_', ' ')} {r[floor]:.1f} ms "
+                        f"({100 * r[floor] / r['best_wall_ms_per_step']:.0f} %)")
         result["engines"].append(r)
         walls = ", ".join(f"{w:.1f}" for w in r["wall_ms_per_step"])
-        print(f"{weights:6s} ({r['dtype']}, {'lean' if lean else 'transformers'}): wall {walls} ms/step at "
-              f"batch {args.batch}; ops {r['op_ms_per_step']:.1f} ms/step, of which "
-              f"{r['top_ops_ms_per_step'].get('aten::mm', 0.0):.1f} matmul; matmul floor "
-              f"{r['matmul_floor_ms']:.1f} ms ({100 * r['fraction_of_matmul_floor']:.0f} %), bandwidth floor "
-              f"{r['bandwidth_floor_ms']:.1f} ms ({100 * r['fraction_of_bandwidth_floor']:.0f} %)", flush=True)
+        ops = r["top_ops_ms_per_step"]
+        mm = ops.get("aten::mm", 0.0) + ops.get("mkldnn::_linear_pointwise", 0.0)
+        print(f"{weights:6s} ({r['dtype']}, {kind}{', packed' if r['packed_weights'] else ''}): wall {walls} ms/step "
+              f"at batch {args.batch}; ops {r['op_ms_per_step']:.1f} ms/step, of which {mm:.1f} matmul; "
+              + "; ".join(line), flush=True)
     result["load_average_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

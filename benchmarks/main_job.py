@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -55,7 +56,9 @@ class Side:
 
     def __init__(self, name: str, folder: Path, cmd: list[str], src: Path | None, threads: int,
                  extra_env: dict[str, str] | None = None) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
+        if folder.exists():  # an earlier run's mlflow.db would hold a second run
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
         env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} | (extra_env or {})
         if src is not None:
             env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)

@@ -11,7 +11,7 @@ import torch
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.engines.kvcache import cache_kv, make_cache, prefill_batch
-from agentrl.engines.lean import LeanDecoder, fuse_rows, supports
+from agentrl.engines.lean import LeanDecoder, fuse_rows, packs, supports
 from agentrl.models.policy import LoRASettings, Policy
 
 PROMPTS = [[5, 9, 12, 40, 41, 42, 7], [3, 3, 8], [100, 101, 102, 103, 104, 105, 106, 107, 108, 109]]
@@ -149,3 +149,34 @@ def test_a_copy_decodes_through_fused_projections_and_pushes_and_releases_keep_i
     again = _generate(engine)
     assert [o.token_ids for o in again] == [o.token_ids for o in fresh]
     assert _storage(att.q_proj.weight) == _storage(att.v_proj.weight)  # fused again after the new storage
+
+
+def test_a_bf16_copy_multiplies_packed_weights_with_the_unpacked_results_and_repacks_at_each_push() -> None:
+    """On a bf16 copy the lean step holds the projections in oneDNN's layout (where this CPU's oneDNN has bf16
+    kernels, `packs`): the same tokens and log-probs as the unpacked step, bit for bit; a push repacks (stale
+    blocked weights would decode the old policy) and a release frees them."""
+    policy = Policy("tiny-random", seed=0)
+    packed = HFEngine(policy, weights="copy", decode_dtype="bfloat16", pack_weights=True)
+    unpacked = HFEngine(policy, weights="copy", decode_dtype="bfloat16")  # the default: unpacked
+    out, ref = _generate(packed), _generate(unpacked)
+    decoder = packed._lean._for[1] if packed._lean._for else None
+    assert decoder is not None and unpacked._lean._for is not None and unpacked._lean._for[1] is not None
+    assert unpacked._lean._for[1].packed is None
+    if packs(packed.weights.lm_head.weight) is None:  # oneDNN with bf16 kernels: this CPU packs
+        assert decoder.packed is not None and decoder.packed_head is not None
+    else:
+        assert decoder.packed is None
+    assert [o.token_ids for o in out] == [o.token_ids for o in ref]
+    assert [o.logprobs for o in out] == [o.logprobs for o in ref]
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.mul_(1.5)
+    asyncio.run(packed.update_weights(policy))
+    assert packed._lean._for is not None and packed._lean._for[1] is not decoder  # rebuilt at the push
+    fresh = _generate(HFEngine(policy, weights="copy", decode_dtype="bfloat16", pack_weights=False))
+    pushed = _generate(packed)
+    assert [o.token_ids for o in pushed] != [o.token_ids for o in out]  # the push changed what is decoded
+    assert [o.token_ids for o in pushed] == [o.token_ids for o in fresh]
+    assert [o.logprobs for o in pushed] == [o.logprobs for o in fresh]
+    assert asyncio.run(packed.release_weights()) > 0
+    assert packed._lean._for is None

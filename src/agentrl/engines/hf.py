@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -73,6 +74,9 @@ class HFEngine:
             measured slower than fp32 for decoding on a 2-core CPU (docs/benchmarks.md: rollouts at 0.94x fp32's
             speed while the bf16 update ran at 1.32x), while bf16 weights decode in bf16 either way.
         lean_decode: Decode steps through `agentrl.engines.lean.LeanDecoder` where it supports the model.
+        pack_weights: With ``lean_decode`` and a bf16 weight copy: also hold the copy's projections in oneDNN's
+            blocked layout (`agentrl.engines.lean.packs`; as much memory again as the copy, built at each push). Off
+            by default: see `agentrl.engines.specs.HFEngineSpec`.
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class HFEngine:
         weights: WeightsMode = "shared",
         decode_dtype: DecodeDType = "auto",
         lean_decode: bool = True,
+        pack_weights: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -106,7 +111,7 @@ class HFEngine:
         self._prefix = PrefixStore(prefix_cache_tokens)
         self._rng = torch.Generator().manual_seed(seed)
         self._autocast = autocast
-        self._lean = LeanSlot(lean_decode)
+        self._lean = LeanSlot(lean_decode, pack=pack_weights)
         self._waiting: deque[Request] = deque()
         self._active: list[Request] = []
         self._admitting: list[Request] = []
@@ -148,11 +153,20 @@ class HFEngine:
         if not self.weights.holds_copy and (self._active or self._admitting):
             raise RuntimeError("update_weights while requests are being decoded: collect, then update")
         async with self._model_lock:
-            self.stats.push_seconds += await self._worker.call(self.weights.refresh, self.policy)
+            self.stats.push_seconds += await self._worker.call(self._push)
             self.stats.pushes += 1
             self._version = self._version + 1 if version is None else int(version)
             self._prefix.clear()
-            self._lean.reset()
+
+    def _push(self) -> float:
+        """Refresh the weights from the policy (on the model's thread); a copy's lean decoder — its fused and packed
+        weights — is rebuilt now, so that its cost is the push's. Returns the seconds spent."""
+        start = time.perf_counter()
+        self.weights.refresh(self.policy)
+        self._lean.reset()
+        if self.weights.holds_copy:
+            self._lean.get(self.weights.backbone, self.weights.lm_head, fuse=True)
+        return time.perf_counter() - start
 
     async def release_weights(self) -> int:
         """Free the weight copy's storage until the next `update_weights` (the trainer's update, the run's memory

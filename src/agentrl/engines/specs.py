@@ -49,6 +49,12 @@ class HFEngineSpec:
             arithmetic in a few torch calls a layer, on the same weights) instead of transformers' modules; models it
             does not support (`agentrl.engines.lean.supports`: peft adapters, other architectures, hooked modules)
             decode through transformers whatever this says. False decodes through transformers always.
+        pack_weights: With the lean step on a bf16 copy, also hold the copy's projections in oneDNN's blocked layout
+            (`agentrl.engines.lean.packs`): the decode step's matrix products a third faster on a Xeon with AMX (a
+            16-row step 34 → 27-31 ms), for as much memory again as the copy (+257 MiB for SmolLM2-135M, freed with
+            it for the update) and a repack at each push (in ``perf/engine_push_s``). Off by default: in the main job
+            it raised the peak RSS by 186 MiB (above 4 GiB) for no measurable change in wall time (docs/benchmarks.md);
+            worth it where decoding dominates and memory is not short.
 
     Whenever the engine does not decode in fp32 from an fp32 policy computing in fp32, the trainer recomputes
     π_old (`agentrl.training.mismatch`); an fp32 copy of an fp32 policy runs the trainer's code on equal weights.
@@ -61,7 +67,8 @@ class HFEngineSpec:
 
     def __init__(self, max_batch_size: int = 32, prefix_cache_tokens: int = 32768, max_context: int | None = None,
                  compute_dtype: Literal["float32", "policy"] = "float32", weights: WeightsSetting = "auto",
-                 decode_dtype: DecodeDType = "auto", lean_decode: bool = True):
+                 decode_dtype: DecodeDType = "auto", lean_decode: bool = True,
+                 pack_weights: bool = False):
         if compute_dtype not in ("float32", "policy"):
             raise ValueError(f"engine.compute_dtype must be 'float32' or 'policy', got {compute_dtype!r}")
         if weights == "auto" and compute_dtype == "policy":
@@ -87,6 +94,7 @@ class HFEngineSpec:
         self.prefix_cache_tokens = prefix_cache_tokens
         self.max_context = max_context
         self.lean_decode = lean_decode
+        self.pack_weights = pack_weights
 
     def weights_for(self, policy: Any) -> WeightsMode:
         """``shared`` or ``copy`` for ``policy`` (``auto`` resolved: `agentrl.engines.weights.resolve_weights`)."""
@@ -117,4 +125,4 @@ class HFEngineSpec:
         return HFEngine(policy, max_batch_size=self.max_batch_size, prefix_cache_tokens=self.prefix_cache_tokens,
                         max_context=self.max_context, autocast=self.compute_dtype == "policy",
                         weights=self.weights_for(policy), decode_dtype=self.decode_dtype,
-                        lean_decode=self.lean_decode)
+                        lean_decode=self.lean_decode, pack_weights=self.pack_weights)
