@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -44,10 +43,11 @@ from torch import Tensor
 
 from agentrl.engines.base import Completion, SamplingParams
 from agentrl.engines.hf_requests import EngineStats, Lookup, Request
+from agentrl.engines.hf_sync import WeightSync
 from agentrl.engines.kvcache import BatchKV, PrefixStore, common_prefix_len, prefill_batch, prefill_chunks, retire_rows
 from agentrl.engines.lean import LeanSlot
 from agentrl.engines.sampling import RowSampling, sample_rows
-from agentrl.engines.weights import DecodeDType, WeightCopy, WeightsMode, engine_weights
+from agentrl.engines.weights import DecodeDType, WeightsMode, engine_weights
 from agentrl.engines.worker import ModelWorker
 from agentrl.models.policy import Policy
 
@@ -56,7 +56,7 @@ _WAIT_FOR_SHARED = 32  # a request sharing this many more tokens with an earlier
                        # offers waits one wave to reuse that prompt's KV (a wave costs one more weight read)
 
 
-class HFEngine:
+class HFEngine(WeightSync):
     """In-process engine over a `Policy`.
 
     Args:
@@ -136,60 +136,6 @@ class HFEngine:
     @property
     def tokenizer(self) -> Any:
         return self.policy.tokenizer
-
-    async def update_weights(self, policy: Any = None, *, version: int | None = None) -> None:
-        """Serve the policy's current weights as a new version: shared weights need nothing more, a copy is
-        refreshed in place (``stats.push_seconds``); cached KV of the old weights is dropped.
-
-        Shared weights: only with no request in flight (the trainer changes them itself, between collections). A
-        copy may be refreshed while requests are in flight (bounded-staleness collection): the refresh waits for the
-        model step that is running (prefill or decode), no step starts while it copies, and the requests go on
-        with the new weights (partial rollouts: their KV so far came from the old ones). A completion carries the
-        *oldest* version that sampled any of its tokens (`Request.version`), the one a staleness bound must use;
-        its log-probs are the probabilities its tokens were actually sampled with, the behaviour policy that the
-        trainer's importance weights correct."""
-        if policy is not None and policy is not self.policy:
-            raise ValueError("HFEngine serves the policy it was built on; update_weights got a different policy")
-        if not self.weights.holds_copy and (self._active or self._admitting):
-            raise RuntimeError("update_weights while requests are being decoded: collect, then update")
-        async with self._model_lock:
-            self.stats.push_seconds += await self._worker.call(self._push)
-            self.stats.pushes += 1
-            self._version = self._version + 1 if version is None else int(version)
-            self._prefix.clear()
-
-    def _push(self) -> float:
-        """Refresh the weights from the policy (on the model's thread); a copy's lean decoder — its fused and packed
-        weights — is rebuilt now, so that its cost is the push's. Returns the seconds spent."""
-        start = time.perf_counter()
-        self.weights.refresh(self.policy)
-        self._lean.reset()
-        if self.weights.holds_copy:
-            self._lean.get(self.weights.backbone, self.weights.lm_head, fuse=True)
-        return time.perf_counter() - start
-
-    async def release_weights(self) -> int:
-        """Free the weight copy's storage until the next `update_weights` (the trainer's update, the run's memory
-        peak, needs none of it): returns the bytes freed, 0 when the engine shares the policy's weights or has a
-        request waiting or in flight. A request admitted before the next push fails with a clear error."""
-        if not isinstance(self.weights, WeightCopy):
-            return 0
-        async with self._model_lock:  # checked under the lock: nothing is admitted while it is held
-            if self._waiting or self._active or self._admitting:
-                return 0
-            self._prefix.clear()
-            self._lean.reset()  # its fused weights would keep the copy's storage
-            return self.weights.release()
-
-    @property
-    def weights_bytes(self) -> int:
-        """Bytes of weights the engine holds itself (a copy; 0 when it shares the policy's)."""
-        return self.weights.nbytes
-
-    def drop_prefix_cache(self) -> None:
-        """Forget the stored prefixes and their KV. The trainer calls it before it changes the shared weights
-        (which makes them stale; `update_weights` drops them too), so that the update does not hold them."""
-        self._prefix.clear()
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None,
