@@ -96,15 +96,9 @@ def floors_now(batch: int, repeats: int = 7, min_seconds: float = 0.01) -> dict[
                       "bandwidth_floor_ms": params * size / (read * 1e9) * 1e3}
               for dtype, size in (("float32", 4), ("bfloat16", 2))}
     if packs(torch.zeros(1, dtype=torch.bfloat16)) is None:
-        packed = []
-        for name, (k, n) in roofline.PROJECTIONS.items():
-            ws = [pack_weight(w) for w in roofline.weights(n, k, torch.bfloat16, 256)]
-            x = torch.randn(batch, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-            turn = iter(range(1 << 62))
-            seconds = roofline.best_seconds(lambda: packed_linear(x, ws[next(turn) % len(ws)]),  # noqa: B023
-                                            repeats, min_seconds)
-            packed.append({"kind": "decode", "threads": threads, "dtype": "bfloat16", "m": batch, "name": name,
-                           "ms": seconds * 1e3})
+        packed = [roofline.matmul(threads, batch, [pack_weight(w) for w in roofline.weights(n, k, torch.bfloat16, 256)],
+                                  repeats, min_seconds, op=packed_linear, kind="decode", name=name)
+                  for name, (k, n) in roofline.PROJECTIONS.items()]
         floors["bfloat16"]["packed_matmul_floor_ms"] = roofline.step_matmul_ms(packed, threads, "bfloat16", batch)
     return floors
 

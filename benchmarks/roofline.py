@@ -91,12 +91,13 @@ def weights(n: int, k: int, dtype: torch.dtype, cold_mib: int) -> list[torch.Ten
 
 
 def matmul(threads: int, m: int, ws: list[torch.Tensor], repeats: int, min_seconds: float,
-           **labels: Any) -> dict[str, Any]:
-    """``linear`` of (m × k) rows by the (n × k) weights ``ws``, one after the other: ms, GFLOP/s, weight GB/s."""
+           op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = linear, **labels: Any) -> dict[str, Any]:
+    """``op`` (``linear``, or another kernel taking the weights as ``ws`` holds them) of (m × k) rows by the
+    (n × k) weights ``ws``, one after the other: ms, GFLOP/s, weight GB/s."""
     n, k = ws[0].shape
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(ws[0].dtype)
     turn = iter(range(1 << 62))
-    seconds = best_seconds(lambda: linear(x, ws[next(turn) % len(ws)]), repeats, min_seconds)
+    seconds = best_seconds(lambda: op(x, ws[next(turn) % len(ws)]), repeats, min_seconds)
     nbytes = n * k * ws[0].element_size()
     return {"threads": threads, "dtype": str(ws[0].dtype)[6:], **labels, "m": m, "k": k, "n": n,
             "ms": seconds * 1e3, "gflop_per_s": 2 * m * k * n / seconds / 1e9,
