@@ -9,6 +9,11 @@ finished cells of every setting named and writes ``<out>/creditchain-grid/``:
   policy reaches that replies the same colour at each decision position whatever the cue (computed from the
   environment on the held-out seeds; on M = 1 it is the held-out share of the more frequent right colour). Above
   the bar a policy has learned something of the rule; at or below it, nothing a cue-blind reply would not give.
+* ``--rules K`` reads only the cells run under version K of `learning.CELL_RULES` (one code version) and
+  writes ``<out>/creditchain-grid-vK/``; the full table names each row's versions (``v1×3, v2×2``).
+* Each row pairs its final success with GRPO's in the same setting, seed by seed: the mean difference and its
+  standard error over the seeds both have at one version (a seed gives both schedules the same tasks, so pairing
+  removes the seed's own luck; across versions a seed's episodes differ and there is no pair).
 * ``success_vs_d.png``: final held-out success against D for the decisions-first M = 1 settings, mean and min-max
   over seeds, one line per schedule, the bar dashed; the other settings (M = 3, the control, noise) as points.
 
@@ -25,6 +30,7 @@ import itertools
 import json
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -71,18 +77,35 @@ def _stats(xs: list[float]) -> dict[str, float]:
             "min": min(xs), "max": max(xs)}
 
 
-def grid_rows(out: Path, settings: list[str], schedules: list[str], seeds: list[int]) -> list[dict[str, Any]]:
+def cell_version(cell: dict[str, Any]) -> int:
+    """The `learning.CELL_RULES` version a cell ran under (a summary without one is version 1)."""
+    return int(cell.get("rules", 1))
+
+
+def grid_rows(out: Path, settings: list[str], schedules: list[str], seeds: list[int],
+              rules: int | None = None) -> list[dict[str, Any]]:
+    """One row per (setting, schedule) with finished cells; ``rules`` keeps only the cells of that version, so a
+    grid read as one is from one code version (`learning.CELL_RULES`). Each row also pairs its seeds with GRPO's
+    in the same setting (``vs_grpo``: final success minus GRPO's, seed by seed, over the seeds both have at the same
+    version: a seed's episodes differ between versions, so a pair across them would not be a pair)."""
     rows = []
     for setting in settings:
         env = setting_env(setting)
         bar = cue_blind_bar(env, [EVAL_OFFSET + i for i in range(held_out_episodes(setting))])
+        finals: dict[str, dict[tuple[int, int], float]] = {}
         for schedule in schedules:
-            cells = [json.loads(f.read_text()) for k in seeds
-                     if (f := out / setting / schedule / f"seed{k}" / "summary.json").exists()]
+            cells = []
+            for k in seeds:
+                f = out / setting / schedule / f"seed{k}" / "summary.json"
+                cell = json.loads(f.read_text()) if f.exists() else None
+                if cell is not None and (rules is None or cell_version(cell) == rules):
+                    cells.append(cell)
             if not cells:
                 continue
             base = [c["evals"][0]["success"] for c in cells]
             final = [c["evals"][-1]["success"] for c in cells]
+            finals[schedule] = {(int(c["seed"]), cell_version(c)): x for c, x in zip(cells, final, strict=True)}
+            versions = Counter(cell_version(c) for c in cells)
             rows.append({
                 "setting": setting, "decisions": env.decisions, "distractors": env.distractors, "order": env.order,
                 "noise": env.noise, "schedule": schedule, "seeds": [int(c["seed"]) for c in cells],
@@ -91,23 +114,52 @@ def grid_rows(out: Path, settings: list[str], schedules: list[str], seeds: list[
                 "above_bar": sum(f > bar for f in final),
                 "greedy_final": _stats([c["evals"][-1]["greedy_success"] for c in cells]),
                 "cpu_minutes": _stats([float(c["cpu_seconds"]) / 60 for c in cells]),
+                "versions": {str(v): versions[v] for v in sorted(versions)},
             })
+        for r in rows:
+            if r["setting"] == setting:
+                r["vs_grpo"] = paired(finals.get(r["schedule"], {}), finals.get("grpo", {}))
     return rows
 
 
-def write(out: Path, rows: list[dict[str, Any]]) -> Path:
-    folder = out / "creditchain-grid"
+def paired(a: dict[tuple[int, int], float], b: dict[tuple[int, int], float]) -> dict[str, Any] | None:
+    """Differences a − b over the (seed, version) keys both have: mean, sd and standard error of the mean (None
+    with fewer than two such pairs)."""
+    common = sorted(set(a) & set(b))
+    if len(common) < 2:
+        return None
+    d = [a[k] - b[k] for k in common]
+    sd = statistics.stdev(d)
+    return {"seeds": [seed for seed, _ in common], "mean": statistics.fmean(d), "sd": sd, "se": sd / len(d) ** 0.5}
+
+
+def _versions(r: dict[str, Any]) -> str:
+    return ", ".join(f"v{v}×{n}" for v, n in r.get("versions", {}).items())
+
+
+def _vs_grpo(r: dict[str, Any]) -> str:
+    p = r.get("vs_grpo")
+    if r["schedule"] == "grpo" or p is None:
+        return "—"
+    return f"{p['mean']:+.3f} ± {p['se']:.3f} ({len(p['seeds'])})"
+
+
+def write(out: Path, rows: list[dict[str, Any]], name: str = "creditchain-grid") -> Path:
+    folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "table.json").write_text(json.dumps(rows, indent=1))
-    lines = ["| setting | schedule | lr | seeds | cue-blind bar | held-out base → final, mean ± sd (min-max) | gain | "
-             "seeds above the bar | greedy final | CPU-min a cell |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| setting | schedule | lr | seeds | cell versions | cue-blind bar | "
+             "held-out base → final, mean ± sd (min-max) | gain | seeds above the bar | greedy final | "
+             "final − GRPO's, paired by seed (± SE, seeds) | CPU-min a cell |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         f = r["final"]
         lines.append(
-            f"| {r['setting']} | {r['schedule']} | {r['lr']} | {len(r['seeds'])} | {r['cue_blind_bar']:.3f} | "
+            f"| {r['setting']} | {r['schedule']} | {r['lr']} | {len(r['seeds'])} | {_versions(r)} | "
+            f"{r['cue_blind_bar']:.3f} | "
             f"{r['base']['mean']:.3f} → {f['mean']:.3f} ± {f['sd']:.3f} ({f['min']:.3f}-{f['max']:.3f}) | "
             f"{r['gain']['mean']:+.3f} ± {r['gain']['sd']:.3f} | {r['above_bar']} of {len(r['seeds'])} | "
-            f"{r['greedy_final']['mean']:.3f} | {r['cpu_minutes']['mean']:.1f} |")
+            f"{r['greedy_final']['mean']:.3f} | {_vs_grpo(r)} | {r['cpu_minutes']['mean']:.1f} |")
     (folder / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -146,12 +198,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
+    p.add_argument("--rules", type=int, default=None,
+                   help="only the cells run under this version of learning.CELL_RULES, written to "
+                        "<out>/creditchain-grid-v<rules>/ (default: every cell, to <out>/creditchain-grid/)")
     args = p.parse_args(argv)
-    rows = grid_rows(args.out, args.settings, args.schedules, args.seeds)
+    rows = grid_rows(args.out, args.settings, args.schedules, args.seeds, args.rules)
     if not rows:
         print(f"[credit_grid] no finished cells under {args.out} for {args.settings}")
         return 1
-    write(args.out, rows)
+    write(args.out, rows, "creditchain-grid" if args.rules is None else f"creditchain-grid-v{args.rules}")
     return 0
 
 

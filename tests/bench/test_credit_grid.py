@@ -57,6 +57,7 @@ def test_rows_and_table_from_finished_cells(tmp_path: Path) -> None:
     assert r["gain"]["mean"] == pytest.approx((0.25 + 0.0 + 0.375) / 3)
     assert (r["final"]["min"], r["final"]["max"]) == (0.5, 1.0)
     assert r["cpu_minutes"]["mean"] == pytest.approx(4.0)
+    assert r["versions"] == {"1": 3}  # a summary without a version is version 1
     env = setting_env("creditchain-d8")
     assert env.distractors == 8 and env.cues == 4 and env.context == "full"
     assert r["above_bar"] == sum(f > r["cue_blind_bar"] for f in (0.75, 0.5, 1.0))
@@ -64,3 +65,24 @@ def test_rows_and_table_from_finished_cells(tmp_path: Path) -> None:
     table = (folder / "table.md").read_text()
     assert "| creditchain-d8 | grpo | 1e-05 | 3 |" in table and "0.750 ± 0.250 (0.500-1.000)" in table
     assert (folder / "success_vs_d.png").stat().st_size > 0
+
+
+def test_pairs_with_grpo_are_seed_by_seed_within_one_version_and_rules_keeps_one_version(tmp_path: Path) -> None:
+    """Turn-PPO − GRPO by hand: seeds 0 and 1 pair (0.25 and 0.5: mean 0.375, sd 0.177, SE 0.125); seed 2 ran
+    Turn-PPO under version 2 and GRPO under version 1, a different seed's episodes, so it is no pair."""
+    cells = {("turn_ppo", 0): (1.0, 2), ("turn_ppo", 1): (1.0, 2), ("turn_ppo", 2): (0.0, 2),
+             ("grpo", 0): (0.75, 2), ("grpo", 1): (0.5, 2), ("grpo", 2): (1.0, 1)}
+    for (schedule, seed), (final, version) in cells.items():
+        cell = tmp_path / "creditchain" / schedule / f"seed{seed}"
+        cell.mkdir(parents=True)
+        (cell / "summary.json").write_text(json.dumps(summary(seed, 0.5, final, final) | {"rules": version}))
+    rows = {r["schedule"]: r for r in grid_rows(tmp_path, ["creditchain"], ["turn_ppo", "grpo"], [0, 1, 2])}
+    p = rows["turn_ppo"]["vs_grpo"]
+    assert p["seeds"] == [0, 1] and p["mean"] == pytest.approx(0.375)
+    assert p["sd"] == pytest.approx(0.25 / 2**0.5) and p["se"] == pytest.approx(0.125)
+    assert rows["turn_ppo"]["versions"] == {"2": 3} and rows["grpo"]["versions"] == {"1": 1, "2": 2}
+    table = (write(tmp_path, list(rows.values()))).joinpath("table.md").read_text()
+    assert "| v2×3 |" in table and "| v1×1, v2×2 |" in table and "+0.375 ± 0.125 (2)" in table
+    v2 = {r["schedule"]: r for r in grid_rows(tmp_path, ["creditchain"], ["turn_ppo", "grpo"], [0, 1, 2], rules=2)}
+    assert v2["grpo"]["seeds"] == [0, 1] and v2["turn_ppo"]["vs_grpo"]["seeds"] == [0, 1]
+    assert grid_rows(tmp_path, ["creditchain"], ["turn_ppo", "grpo"], [0, 1, 2], rules=3) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -59,14 +60,21 @@ def test_whole_episode_schedules_take_two_minibatches_by_count_on_creditchain(sc
         assert "algorithm" not in overrides(env, schedule, 0, tmp_path, "sqlite:///x.db", tmp_path)["model"]
 
 
+def current(lr: float, source: str) -> str:
+    """A finished cell's summary under today's `CELL_RULES`."""
+    from learning import CELL_RULES
+
+    return json.dumps({"lr": lr, "lr_source": source, "rules": CELL_RULES})
+
+
 def test_a_cell_asked_for_at_the_chosen_lr_is_not_an_earlier_run_at_another(tmp_path: Path) -> None:
     from learning import finished
 
     assert not finished(tmp_path, 1e-5, False)  # no summary
-    (tmp_path / "summary.json").write_text('{"lr": 2e-05, "lr_source": "config"}')
+    (tmp_path / "summary.json").write_text(current(2e-05, "config"))
     assert finished(tmp_path, None, False)  # a plain run takes any finished cell
     assert not finished(tmp_path, 2e-5, False)  # the first benchmark's cell, at the configs' lr
-    (tmp_path / "summary.json").write_text('{"lr": 1e-05, "lr_source": "chosen by the sweep"}')
+    (tmp_path / "summary.json").write_text(current(1e-05, "chosen by the sweep"))
     assert finished(tmp_path, 1e-5, False) and not finished(tmp_path, 2e-5, False)
     assert finished(tmp_path, 5e-6, True)  # a sweep cell's folder is per lr already
 
@@ -77,9 +85,9 @@ def test_a_given_lr_is_its_own_source(tmp_path: Path) -> None:
 
     from learning import finished, lr_conflict, lr_source
 
-    (tmp_path / "summary.json").write_text('{"lr": 2e-05, "lr_source": "chosen by the sweep"}')
+    (tmp_path / "summary.json").write_text(current(2e-05, "chosen by the sweep"))
     assert finished(tmp_path, 2e-5, False) and not finished(tmp_path, 2e-5, False, source="given")
-    (tmp_path / "summary.json").write_text('{"lr": 2e-05, "lr_source": "given"}')
+    (tmp_path / "summary.json").write_text(current(2e-05, "given"))
     assert finished(tmp_path, 2e-5, False, source="given") and not finished(tmp_path, 2e-5, False)
     given = argparse.Namespace(lr=2e-5, lr_from_sweep=False)
     assert lr_source(given, False) == "given" and lr_conflict(given, False) is None
@@ -92,6 +100,7 @@ def test_a_cell_of_older_rules_runs_again(tmp_path: Path, monkeypatch: pytest.Mo
     import learning
     from learning import finished
 
+    monkeypatch.setattr(learning, "CELL_RULES", 1)
     (tmp_path / "summary.json").write_text('{"lr": 1e-05, "lr_source": "chosen by the sweep"}')  # no record: 1
     assert finished(tmp_path, 1e-5, False) and finished(tmp_path, None, False) and finished(tmp_path, 1e-5, True)
     monkeypatch.setattr(learning, "CELL_RULES", 2)  # a fix that makes earlier cells not comparable
@@ -104,7 +113,7 @@ def test_a_cell_of_older_rules_runs_again(tmp_path: Path, monkeypatch: pytest.Mo
 def test_a_cell_of_changed_settings_runs_again(tmp_path: Path) -> None:
     """RTPO's group size changed in its schedule config: its cells rerun, the other schedules' do not; a summary
     from before the digest was recorded counts as current."""
-    from learning import finished, settings_digest
+    from learning import CELL_RULES, finished, settings_digest
 
     rtpo, grpo = settings_digest("frozenlake", "rtpo", []), settings_digest("frozenlake", "grpo", [])
     knobs = settings_digest("creditchain-m3", "rtpo", [])  # an env's knobs are the cell's overrides, not settings
@@ -112,7 +121,17 @@ def test_a_cell_of_changed_settings_runs_again(tmp_path: Path) -> None:
     g5 = settings_digest("frozenlake", "rtpo", ["--model.algorithm.init_args.group_size", "5"])
     assert g5 != rtpo
     summary = tmp_path / "summary.json"
-    summary.write_text(json.dumps({"rules": 1, "settings": rtpo}))
+    summary.write_text(json.dumps({"rules": CELL_RULES, "settings": rtpo}))
     assert finished(tmp_path, None, False, rtpo) and not finished(tmp_path, None, False, g5)
-    summary.write_text(json.dumps({"rules": 1}))
+    summary.write_text(json.dumps({"rules": CELL_RULES}))
     assert finished(tmp_path, None, False, g5)
+
+
+def test_a_cell_records_the_commit_it_ran_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import learning
+
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=learning.ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert learning.code_version().removesuffix("+dirty") == head
+    monkeypatch.setattr(learning, "ROOT", tmp_path)  # not a git checkout
+    assert learning.code_version() == "unknown"
