@@ -14,6 +14,9 @@ finished cells of every setting named and writes ``<out>/creditchain-grid/``:
 * Each row pairs its final success with GRPO's in the same setting, seed by seed: the mean difference and its
   standard error over the seeds both have at one version (a seed gives both schedules the same tasks, so pairing
   removes the seed's own luck; across versions a seed's episodes differ and there is no pair).
+* ``contrasts.json`` (and a second table in ``table.md``): for a setting and its control (the same M, D and σ, the
+  decisions last), each schedule's lead over GRPO with the delay minus its lead without, seed by seed
+  (`order_contrasts`): the measure of whether turn-level credit is what helps.
 * ``success_vs_d.png``: final held-out success against D for the decisions-first M = 1 settings, mean and min-max
   over seeds, one line per schedule, the bar dashed; the other settings (M = 3, the control, noise) as points.
 
@@ -115,6 +118,7 @@ def grid_rows(out: Path, settings: list[str], schedules: list[str], seeds: list[
                 "greedy_final": _stats([c["evals"][-1]["greedy_success"] for c in cells]),
                 "cpu_minutes": _stats([float(c["cpu_seconds"]) / 60 for c in cells]),
                 "versions": {str(v): versions[v] for v in sorted(versions)},
+                "per_seed": [[int(c["seed"]), cell_version(c), x] for c, x in zip(cells, final, strict=True)],
             })
         for r in rows:
             if r["setting"] == setting:
@@ -131,6 +135,37 @@ def paired(a: dict[tuple[int, int], float], b: dict[tuple[int, int], float]) -> 
     d = [a[k] - b[k] for k in common]
     sd = statistics.stdev(d)
     return {"seeds": [seed for seed, _ in common], "mean": statistics.fmean(d), "sd": sd, "se": sd / len(d) ** 0.5}
+
+
+def order_contrasts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The delay's effect on each schedule's lead over GRPO: for each pair of settings that differ only in order
+    (the decisions first, the long delay; the decisions last, the control) and each schedule but GRPO, seed by seed
+    (s − GRPO with the decisions first) − (s − GRPO with them last), over the (seed, version) pairs that all four
+    cells have. Turn-level credit that helps with the delay shows as a positive mean; a lead that does not depend
+    on it, as zero."""
+    finals = {(r["setting"], r["schedule"]): {(k, v): f for k, v, f in r["per_seed"]} for r in rows}
+    settings = {(r["decisions"], r["distractors"], r["noise"], r["order"]): r["setting"] for r in rows}
+    out = []
+    for (m, d, noise, order), first in settings.items():
+        last = settings.get((m, d, noise, "decisions_last"))
+        if order != "decisions_first" or last is None:
+            continue
+        for schedule in dict.fromkeys(r["schedule"] for r in rows):
+            cells = [finals.get((first, schedule)), finals.get((first, "grpo")), finals.get((last, schedule)),
+                     finals.get((last, "grpo"))]
+            if schedule == "grpo" or any(c is None for c in cells):
+                continue
+            a, ga, b, gb = (c for c in cells if c is not None)
+            common = sorted(set(a) & set(ga) & set(b) & set(gb))
+            if len(common) < 2:
+                continue
+            diffs = [(a[k] - ga[k]) - (b[k] - gb[k]) for k in common]
+            sd = statistics.stdev(diffs)
+            out.append({"first": first, "last": last, "schedule": schedule, "seeds": [k for k, _ in common],
+                        "lead_first": statistics.fmean(a[k] - ga[k] for k in common),
+                        "lead_last": statistics.fmean(b[k] - gb[k] for k in common),
+                        "mean": statistics.fmean(diffs), "sd": sd, "se": sd / len(diffs) ** 0.5})
+    return out
 
 
 def _versions(r: dict[str, Any]) -> str:
@@ -160,6 +195,14 @@ def write(out: Path, rows: list[dict[str, Any]], name: str = "creditchain-grid")
             f"{r['base']['mean']:.3f} → {f['mean']:.3f} ± {f['sd']:.3f} ({f['min']:.3f}-{f['max']:.3f}) | "
             f"{r['gain']['mean']:+.3f} ± {r['gain']['sd']:.3f} | {r['above_bar']} of {len(r['seeds'])} | "
             f"{r['greedy_final']['mean']:.3f} | {_vs_grpo(r)} | {r['cpu_minutes']['mean']:.1f} |")
+    contrasts = order_contrasts(rows)
+    (folder / "contrasts.json").write_text(json.dumps(contrasts, indent=1))
+    if contrasts:
+        lines += ["", "The delay's effect on the lead over GRPO, paired by seed (`order_contrasts`):", "",
+                  "| decisions first | decisions last | schedule | seeds | lead over GRPO, first | lead, last | "
+                  "first − last (± SE) |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {c['first']} | {c['last']} | {c['schedule']} | {len(c['seeds'])} | {c['lead_first']:+.3f} | "
+                  f"{c['lead_last']:+.3f} | {c['mean']:+.3f} ± {c['se']:.3f} |" for c in contrasts]
     (folder / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     fig, ax = plt.subplots(figsize=(7, 4.5))

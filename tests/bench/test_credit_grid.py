@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from credit_grid import cue_blind_bar, grid_rows, setting_env, write
+from credit_grid import cue_blind_bar, grid_rows, order_contrasts, setting_env, write
 
 from agentrl.envs import CreditChainEnv
 
@@ -86,3 +86,23 @@ def test_pairs_with_grpo_are_seed_by_seed_within_one_version_and_rules_keeps_one
     v2 = {r["schedule"]: r for r in grid_rows(tmp_path, ["creditchain"], ["turn_ppo", "grpo"], [0, 1, 2], rules=2)}
     assert v2["grpo"]["seeds"] == [0, 1] and v2["turn_ppo"]["vs_grpo"]["seeds"] == [0, 1]
     assert grid_rows(tmp_path, ["creditchain"], ["turn_ppo", "grpo"], [0, 1, 2], rules=3) == []
+
+
+def test_the_delay_contrast_is_each_seeds_lead_over_grpo_first_minus_last(tmp_path: Path) -> None:
+    """Turn-PPO − GRPO by hand: with the decisions first seeds 0, 1 lead by 0.5 and 0.25, with them last by 0.0 and
+    0.25: contrasts 0.5 and 0.0, mean 0.25, sd 0.354, SE 0.25; seed 2 lacks its control cell and is left out."""
+    finals = {("creditchain-d8", "turn_ppo"): [1.0, 0.75, 1.0], ("creditchain-d8", "grpo"): [0.5, 0.5, 0.5],
+              ("creditchain-d8-last", "turn_ppo"): [0.75, 1.0], ("creditchain-d8-last", "grpo"): [0.75, 0.75]}
+    for (setting, schedule), values in finals.items():
+        for seed, final in enumerate(values):
+            cell = tmp_path / setting / schedule / f"seed{seed}"
+            cell.mkdir(parents=True)
+            (cell / "summary.json").write_text(json.dumps(summary(seed, 0.5, final, final)))
+    rows = grid_rows(tmp_path, ["creditchain-d8", "creditchain-d8-last"], ["turn_ppo", "grpo"], [0, 1, 2])
+    (c,) = order_contrasts(rows)
+    assert (c["first"], c["last"], c["schedule"], c["seeds"]) == ("creditchain-d8", "creditchain-d8-last",
+                                                                  "turn_ppo", [0, 1])
+    assert c["lead_first"] == pytest.approx(0.375) and c["lead_last"] == pytest.approx(0.125)
+    assert c["mean"] == pytest.approx(0.25) and c["se"] == pytest.approx(0.25)
+    assert "| creditchain-d8 | creditchain-d8-last | turn_ppo | 2 | +0.375 | +0.125 | +0.250 ± 0.250 |" in (
+        write(tmp_path, rows) / "table.md").read_text()
