@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2, help="rounds over the four engines (best of all kept)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds over the five engines (best of all kept)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/decode_step.json"))
     parser.add_argument("--one", help=argparse.SUPPRESS)  # "weights:lean" — one engine, its result on stdout
     args = parser.parse_args()
@@ -125,8 +125,8 @@ def main() -> None:
                               "workload": {"batch": args.batch, "tokens": args.tokens, "repeats": args.repeats,
                                            "rounds": args.rounds}}
     before = floors_now(args.batch)
-    # decode path: transformers' modules, the lean step (the default), the lean step with packed weights (where the
-    # CPU's oneDNN packs bf16: `engine.pack_weights: true`)
+    # decode path: transformers' modules, the lean step unpacked (`engine.pack_weights: false`), the lean step with
+    # packed weights (the default since 2026-12-05, where the CPU's oneDNN packs bf16)
     configs = (("shared", "hf"), ("shared", "lean"), ("copy", "hf"), ("copy", "lean"), ("copy", "lean-packed"))
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {c: [] for c in configs}
     for _ in range(args.rounds):

@@ -53,6 +53,39 @@ def test_the_lean_step_gives_transformers_logits_on_a_padded_gqa_batch() -> None
     assert (lean - reference).abs().max() < 1e-5
 
 
+def _prefill(policy: Policy, lean: bool) -> tuple[torch.Tensor, list[list[tuple[torch.Tensor, torch.Tensor]]]]:
+    """Last-position logits and the cache after a batched prefill in which two rows continue cached prefixes of
+    different lengths (the prefix store's case) and two start empty: both kinds of left padding."""
+    backbone, head = policy.backbone, policy.lm_head
+    layers = backbone.config.num_hidden_layers
+    with torch.inference_mode():
+        first = prefill_batch(PROMPTS[:2], [(0, None)] * 2, layers, torch.device("cpu"))
+        backbone(input_ids=first.ids, attention_mask=first.mask, position_ids=first.positions, cache=first.cache,
+                 use_cache=True)
+        rows = [first.row_kv(i) for i in range(2)]  # the prompts' KV, as the prefix store keeps it
+        # the last row has neither a cached prefix nor as many new tokens: its padding positions see no real token
+        prompts = [PROMPTS[0] + [11, 12, 13], PROMPTS[1] + [21, 22, 23, 24, 25, 26], PROMPTS[2], [30, 31]]
+        batch = prefill_batch(prompts, [(len(PROMPTS[0]), rows[0]), (len(PROMPTS[1]), rows[1]), (0, None),
+                                        (0, None)], layers, torch.device("cpu"))
+        if lean:
+            logits = LeanDecoder(backbone, head).prefill(batch.ids, batch.positions, batch.mask, batch.cache)
+        else:
+            hidden = backbone(input_ids=batch.ids, attention_mask=batch.mask, position_ids=batch.positions,
+                              cache=batch.cache, use_cache=True).last_hidden_state
+            logits = head(hidden[:, -1])
+        return logits.float(), [batch.row_kv(i) for i in range(len(prompts))]
+
+
+def test_the_lean_prefill_gives_transformers_logits_and_cache_after_cached_prefixes_and_padding() -> None:
+    policy = Policy("tiny-random", seed=0)
+    (ref, ref_kv), (lean, lean_kv) = _prefill(policy, lean=False), _prefill(policy, lean=True)
+    assert ref.abs().max() > 0.1 and lean.isfinite().all()
+    assert (lean - ref).abs().max() < 1e-5
+    for ref_row, lean_row in zip(ref_kv, lean_kv, strict=True):  # every layer's keys and values of each row
+        for (rk, rv), (lk, lv) in zip(ref_row, lean_row, strict=True):
+            assert rk.shape == lk.shape and (rk - lk).abs().max() < 1e-5 and (rv - lv).abs().max() < 1e-5
+
+
 def test_the_engine_decodes_through_it_with_the_same_tokens_and_logprobs(monkeypatch: pytest.MonkeyPatch) -> None:
     policy = Policy("tiny-random", seed=0)
     calls = []
@@ -152,20 +185,27 @@ def test_a_copy_decodes_through_fused_projections_and_pushes_and_releases_keep_i
 
 
 def test_a_bf16_copy_multiplies_packed_weights_with_the_unpacked_results_and_repacks_at_each_push() -> None:
-    """On a bf16 copy the lean step holds the projections in oneDNN's layout (where this CPU's oneDNN has bf16
-    kernels, `packs`): the same tokens and log-probs as the unpacked step, bit for bit; a push repacks (stale
-    blocked weights would decode the old policy) and a release frees them."""
+    """On a bf16 copy the lean step holds the projections in oneDNN's layout only (where this CPU's oneDNN has bf16
+    kernels, `packs`; the plain ones are freed, a head tied to the embedding left plain): the same tokens and log-probs as the
+    unpacked step, bit for bit, prefills included; a push repacks (stale blocked weights would decode the old
+    policy), a release frees them, and a push after it packs again."""
     policy = Policy("tiny-random", seed=0)
     packed = HFEngine(policy, weights="copy", decode_dtype="bfloat16", pack_weights=True)
-    unpacked = HFEngine(policy, weights="copy", decode_dtype="bfloat16")  # the default: unpacked
+    unpacked = HFEngine(policy, weights="copy", decode_dtype="bfloat16", pack_weights=False)
     out, ref = _generate(packed), _generate(unpacked)
     decoder = packed._lean._for[1] if packed._lean._for else None
     assert decoder is not None and unpacked._lean._for is not None and unpacked._lean._for[1] is not None
     assert unpacked._lean._for[1].packed is None
-    if packs(packed.weights.lm_head.weight) is None:  # oneDNN with bf16 kernels: this CPU packs
-        assert decoder.packed is not None and decoder.packed_head is not None
+    head = packed.weights.lm_head.weight
+    if packs(head) is None:  # oneDNN with bf16 kernels: this CPU packs
+        assert decoder.packed is not None
+        layers = packed.weights.backbone.layers
+        assert layers[0].self_attn.q_proj.weight.numel() == 0 == layers[-1].mlp.down_proj.weight.numel()  # only packed
+        assert head is packed.weights.backbone.embed_tokens.weight and head.numel() > 0  # tied: the lookup's matrix
+        assert decoder.packed_head is None  # so not packed a second time
     else:
         assert decoder.packed is None
+    assert packed.weights_bytes == unpacked.weights_bytes  # the projections held once either way
     assert [o.token_ids for o in out] == [o.token_ids for o in ref]
     assert [o.logprobs for o in out] == [o.logprobs for o in ref]
     with torch.no_grad():
@@ -178,5 +218,28 @@ def test_a_bf16_copy_multiplies_packed_weights_with_the_unpacked_results_and_rep
     assert [o.token_ids for o in pushed] != [o.token_ids for o in out]  # the push changed what is decoded
     assert [o.token_ids for o in pushed] == [o.token_ids for o in fresh]
     assert [o.logprobs for o in pushed] == [o.logprobs for o in fresh]
-    assert asyncio.run(packed.release_weights()) > 0
-    assert packed._lean._for is None
+    buffers = sum(b.numel() * b.element_size() for b in packed.weights.model.buffers())  # rotary frequencies
+    held = packed.weights_bytes - buffers
+    assert asyncio.run(packed.release_weights()) == held > 0  # the copy's parameters and the packed weights
+    assert packed._lean._for is None and packed.weights_bytes == buffers
+    asyncio.run(packed.update_weights(policy))  # a push after a release: new storage, packed again
+    assert [o.token_ids for o in _generate(packed)] == [o.token_ids for o in fresh]
+
+
+def test_an_untied_head_is_held_packed_only_too() -> None:
+    """A model whose LM head is not its embedding: the head is packed and its plain weight freed like the
+    projections' (no lookup needs it), with the unpacked engine's tokens and log-probs and its bytes."""
+    policy = Policy("tiny-random", seed=0)
+    head = policy.lm_head
+    head.weight = torch.nn.Parameter(head.weight.detach().clone())  # untied from the embedding
+    assert head.weight is not policy.backbone.embed_tokens.weight
+    packed = HFEngine(policy, weights="copy", decode_dtype="bfloat16", pack_weights=True)
+    unpacked = HFEngine(policy, weights="copy", decode_dtype="bfloat16", pack_weights=False)
+    out, ref = _generate(packed), _generate(unpacked)
+    assert [o.token_ids for o in out] == [o.token_ids for o in ref]
+    assert [o.logprobs for o in out] == [o.logprobs for o in ref]
+    decoder = packed._lean._for[1] if packed._lean._for else None
+    assert decoder is not None
+    if packs(packed.weights.backbone.embed_tokens.weight) is None:  # this CPU packs bf16
+        assert decoder.packed_head is not None and packed.weights.lm_head.weight.numel() == 0
+    assert packed.weights_bytes == unpacked.weights_bytes

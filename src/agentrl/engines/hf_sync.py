@@ -57,8 +57,8 @@ class WeightSync:
         """Refresh the weights from the policy (on the model's thread); a copy's lean decoder — its fused and packed
         weights — is rebuilt now, so that its cost is the push's. Returns the seconds spent."""
         start = time.perf_counter()
+        self._lean.reset()  # first: its packed weights are freed before the refresh allocates new ones
         self.weights.refresh(self.policy)
-        self._lean.reset()
         if self.weights.holds_copy:
             self._lean.get(self.weights.backbone, self.weights.lm_head, fuse=True)
         return time.perf_counter() - start
@@ -73,13 +73,15 @@ class WeightSync:
             if self._waiting or self._active or self._admitting:
                 return 0
             self._prefix.clear()
-            self._lean.reset()  # its fused weights would keep the copy's storage
-            return self.weights.release()
+            packed = self._lean.nbytes
+            self._lean.reset()  # its fused weights would keep the copy's storage, its packed ones are their own
+            return self.weights.release() + packed
 
     @property
     def weights_bytes(self) -> int:
-        """Bytes of weights the engine holds itself (a copy; 0 when it shares the policy's)."""
-        return self.weights.nbytes
+        """Bytes of weights the engine holds itself (a copy and its packed projections; 0 when it shares the
+        policy's)."""
+        return self.weights.nbytes + self._lean.nbytes
 
     def drop_prefix_cache(self) -> None:
         """Forget the stored prefixes and their KV. The trainer calls it before it changes the shared weights

@@ -1,4 +1,5 @@
-"""A lean decode step for Llama-architecture models: the embedded engine's one-token-per-row forward, written out.
+"""A lean decode step for Llama-architecture models: the embedded engine's one-token-per-row forward, written out
+(and its prefill, on the engine's own copy).
 
 `LeanDecoder` runs a decode step's arithmetic on the model's own parameter tensors with a few torch calls a layer,
 where transformers' modules add per-step work that a single new token does not need (a 4-D mask, the key/value
@@ -12,16 +13,19 @@ heads repeated for each query head, module and cache bookkeeping):
 * on the engine's own weight copy, the q/k/v projections and the gate/up projections each laid out as one matrix
   (`fuse_rows`: the modules' weights become views of it, so no memory is added and a push refreshes it in place):
   two matrix products a layer instead of five;
-* on a bf16 copy (``pack``), every projection also held in oneDNN's blocked layout for this CPU
+* on a bf16 copy (``pack``), every projection held in oneDNN's blocked layout for this CPU instead of the plain one
   (`torch.ops.mkldnn._reorder_linear_weight`, what inductor's frozen CPU graphs use), and multiplied by
   ``torch.ops.mkldnn._linear_pointwise``: the same kernel family as ``linear`` and bit-for-bit its result, but
   without re-laying out the weight at every call — 34 % less matmul time a 16-row step on a Xeon with AMX (18.1 against
-  12.0 ms, docs/benchmarks.md). The blocked weights are a second copy of the projections (+257 MiB for SmolLM2-135M),
-  built at each weight push (its cost is the push's) and freed with the copy; off unless the engine asks for it
-  (``engine.pack_weights``).
+  12.0 ms, docs/benchmarks.md). Packed at each weight push (its cost is the push's), layer by layer, each layer's plain
+  projections freed as it goes (`LeanDecoder._pack_and_drop`): the copy holds them once, and a push refreshes them
+  into new storage before packing again. On by default (``engine.pack_weights``), where oneDNN packs bf16.
 
-Prefill, and every model it does not `supports`, still go through transformers. Equal to transformers' logits to
-fp32 rounding (``tests/engines/test_lean.py``); the speed is in docs/benchmarks.md ("Decode against the roofline").
+`LeanDecoder.prefill` is the same layer arithmetic over T new tokens a row (causal within them, after the cached
+ones): the engine prefills its own copy through it, since a packed copy has nothing left for transformers' modules
+to multiply; the trainer's shared weights, and every model it does not `supports`, prefill through transformers.
+Equal to transformers' logits and cache to fp32 rounding (``tests/engines/test_lean.py``); the speed is in
+docs/benchmarks.md ("Decode against the roofline").
 """
 
 from __future__ import annotations
@@ -89,31 +93,100 @@ class LeanDecoder:
         self.scale = self.head_dim ** -0.5
         self.rope_scaling = float(getattr(backbone.rotary_emb, "attention_scaling", 1.0))
         self.fused: list[tuple[Tensor, Tensor]] = []  # per layer: (q|k|v, gate|up) weights, when fused
+        # per layer (q|k|v, o, gate|up, down) and the LM head in oneDNN's layout, or None: plain `linear`
+        self.packed: list[tuple[Tensor, ...]] | None = None
+        self.packed_head: Tensor | None = None
+        self.packed_bytes = 0  # what the blocked weights hold (their plain sizes)
+        why = packs(lm_head.weight) if pack and fuse else "not a fused copy"
+        if why is None:
+            self._pack_and_drop(backbone, lm_head)
+            return
+        if pack:
+            log.info("the lean decode step multiplies unpacked weights: %s", why)
         if fuse:
             for layer in backbone.layers:
                 att, mlp = layer.self_attn, layer.mlp
                 self.fused.append((fuse_rows([att.q_proj, att.k_proj, att.v_proj]),
                                    fuse_rows([mlp.gate_proj, mlp.up_proj])))
-        # per layer (q|k|v, o, gate|up, down) and the LM head in oneDNN's layout, or None: plain `linear`
-        self.packed: list[tuple[Tensor, ...]] | None = None
-        self.packed_head: Tensor | None = None
-        why = packs(lm_head.weight) if pack and fuse else "not a fused copy"
-        if why is None:
-            self.packed = [(pack_weight(qkv), pack_weight(layer.self_attn.o_proj.weight), pack_weight(gate_up),
-                            pack_weight(layer.mlp.down_proj.weight))
-                           for layer, (qkv, gate_up) in zip(backbone.layers, self.fused, strict=True)]
+
+    def _pack_and_drop(self, backbone: Any, lm_head: Any) -> None:
+        """Hold the copy's projections only in oneDNN's layout: layer by layer, pack (q|k|v, o, gate|up, down) and
+        free the modules' plain weights (empty tensors until the next push refreshes them into new storage,
+        `WeightCopy.refresh`), so the copy holds its projections once and building adds one layer at most. The LM
+        head is packed too, unless it is also the embedding (tied, SmolLM2's case): the lookup needs the plain
+        matrix, and a second, packed one would add its size (+54 MiB for SmolLM2, for 1.3 ms of a 16-row step),
+        where as it is a packed copy holds exactly the bytes of an unpacked one. Transformers' modules cannot run
+        on this copy any more: the engine prefills through `prefill`."""
+        packed = []
+        for layer in backbone.layers:
+            att, mlp = layer.self_attn, layer.mlp
+            projections = [att.q_proj, att.k_proj, att.v_proj, att.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+            with torch.no_grad():
+                weights = (torch.cat([m.weight for m in projections[:3]]), att.o_proj.weight,
+                           torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), mlp.down_proj.weight)
+                packed.append(tuple(pack_weight(w) for w in weights))
+            self.packed_bytes += sum(w.numel() * w.element_size() for w in weights)
+            del weights
+            _drop(projections)
+        self.packed = packed
+        if lm_head.weight is not backbone.embed_tokens.weight:
             self.packed_head = pack_weight(lm_head.weight)
-        elif pack:
-            log.info("the lean decode step multiplies unpacked weights: %s", why)
+            self.packed_bytes += lm_head.weight.numel() * lm_head.weight.element_size()
+            _drop([lm_head])
 
     def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * xf.to(x.dtype)
 
+    def _rope(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos and sin (N, 1, D) of the rotary embedding at ``position_ids`` (any shape, N positions)."""
+        freqs = position_ids.reshape(-1, 1).float() * self.backbone.rotary_emb.inv_freq.float()[None]  # (N, D/2)
+        emb = torch.cat((freqs, freqs), -1)
+        cos = (emb.cos() * self.rope_scaling).to(dtype)[:, None, :]
+        sin = (emb.sin() * self.rope_scaling).to(dtype)[:, None, :]
+        return cos, sin
+
     def _rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         half = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+    # the four products of a layer on rows x (N, in): packed, fused or the modules' own weights
+
+    def _qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        nq, nk = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        if self.packed is not None:
+            qkv = packed_linear(x, self.packed[i][0])
+        elif self.fused:
+            qkv = linear(x, self.fused[i][0])
+        else:
+            att = self.backbone.layers[i].self_attn
+            return linear(x, att.q_proj.weight), linear(x, att.k_proj.weight), linear(x, att.v_proj.weight)
+        return qkv[:, :nq], qkv[:, nq : nq + nk], qkv[:, nq + nk :]
+
+    def _out(self, i: int, a: Tensor) -> Tensor:
+        if self.packed is not None:
+            return packed_linear(a, self.packed[i][1])
+        return linear(a, self.backbone.layers[i].self_attn.o_proj.weight)
+
+    def _mlp(self, i: int, x: Tensor) -> Tensor:
+        if self.packed is not None:
+            gate, up = packed_linear(x, self.packed[i][2]).chunk(2, -1)
+        elif self.fused:
+            gate, up = linear(x, self.fused[i][1]).chunk(2, -1)
+        else:
+            mlp = self.backbone.layers[i].mlp
+            gate, up = linear(x, mlp.gate_proj.weight), linear(x, mlp.up_proj.weight)
+        m = silu(gate) * up
+        if self.packed is not None:
+            return packed_linear(m, self.packed[i][3])
+        return linear(m, self.backbone.layers[i].mlp.down_proj.weight)
+
+    def _logits(self, h: Tensor) -> Tensor:
+        x = self._norm(h, self.backbone.norm.weight)
+        if self.packed_head is not None:
+            return packed_linear(x, self.packed_head)
+        return linear(x, self.lm_head.weight)
 
     @torch.no_grad()
     def step(self, input_ids: Tensor, position_ids: Tensor, mask: Tensor, cache: Any) -> Tensor:
@@ -128,26 +201,11 @@ class LeanDecoder:
         bb = self.backbone
         B = input_ids.shape[0]
         h = bb.embed_tokens(input_ids[:, 0])  # (B, hidden)
-        dtype = h.dtype
-        freqs = position_ids.float() * bb.rotary_emb.inv_freq.float()[None]  # (B, D/2)
-        emb = torch.cat((freqs, freqs), -1)
-        cos = (emb.cos() * self.rope_scaling).to(dtype)[:, None, :]  # (B, 1, D)
-        sin = (emb.sin() * self.rope_scaling).to(dtype)[:, None, :]
+        cos, sin = self._rope(position_ids, h.dtype)  # (B, 1, D)
         keep = (mask != 0)[:, None, None, :]  # (B, 1, 1, S + 1)
         g, nkv, D = self.heads // self.kv_heads, self.kv_heads, self.head_dim
-        nq = self.heads * D
         for i, (layer, kv) in enumerate(zip(bb.layers, cache.layers, strict=True)):
-            att = layer.self_attn
-            x = self._norm(h, layer.input_layernorm.weight)
-            packed = self.packed[i] if self.packed is not None else None
-            if packed is not None:
-                qkv = packed_linear(x, packed[0])
-                q, k, v = qkv[:, :nq], qkv[:, nq : nq + nkv * D], qkv[:, nq + nkv * D :]
-            elif self.fused:
-                qkv = linear(x, self.fused[i][0])
-                q, k, v = qkv[:, :nq], qkv[:, nq : nq + nkv * D], qkv[:, nq + nkv * D :]
-            else:
-                q, k, v = linear(x, att.q_proj.weight), linear(x, att.k_proj.weight), linear(x, att.v_proj.weight)
+            q, k, v = self._qkv(i, self._norm(h, layer.input_layernorm.weight))
             q = self._rotate(q.view(B, self.heads, D), cos, sin)
             k = self._rotate(k.view(B, nkv, D), cos, sin)
             v = v.view(B, nkv, D)
@@ -157,21 +215,47 @@ class LeanDecoder:
             # among them): one fused attention call, without repeating the keys and values g times
             a = scaled_dot_product_attention(q.view(B, nkv, g, D), keys, values, attn_mask=keep,
                                              scale=self.scale).reshape(B, self.heads * D)
-            h = h + (packed_linear(a, packed[1]) if packed is not None else linear(a, att.o_proj.weight))
-            mlp = layer.mlp
-            x = self._norm(h, layer.post_attention_layernorm.weight)
-            if packed is not None:
-                gate, up = packed_linear(x, packed[2]).chunk(2, -1)
-            elif self.fused:
-                gate, up = linear(x, self.fused[i][1]).chunk(2, -1)
-            else:
-                gate, up = linear(x, mlp.gate_proj.weight), linear(x, mlp.up_proj.weight)
-            m = silu(gate) * up
-            h = h + (packed_linear(m, packed[3]) if packed is not None else linear(m, mlp.down_proj.weight))
-        x = self._norm(h, bb.norm.weight)
-        if self.packed_head is not None:
-            return packed_linear(x, self.packed_head)
-        return linear(x, self.lm_head.weight)
+            h = h + self._out(i, a)
+            h = h + self._mlp(i, self._norm(h, layer.post_attention_layernorm.weight))
+        return self._logits(h)
+
+    @torch.no_grad()
+    def prefill(self, input_ids: Tensor, position_ids: Tensor, mask: Tensor, cache: Any) -> Tensor:
+        """Logits (B, V) of each row's last position after T new tokens a row (`kvcache.prefill_batch`'s layout:
+        the cached columns and the new ones each left-padded, so that column order is token order).
+
+        Args:
+            input_ids: (B, T) the new tokens, left-padded.
+            position_ids: (B, T) their positions.
+            mask: (B, S + T) 1 for the real tokens of the cache and of the new ones, 0 for padding.
+            cache: The batch's DynamicCache of `GrowLayer`s holding S tokens a row; the new keys and values are
+                appended.
+        """
+        bb = self.backbone
+        B, T = input_ids.shape
+        S = mask.shape[1] - T
+        h = bb.embed_tokens(input_ids).reshape(B * T, -1)  # (B·T, hidden)
+        cos, sin = self._rope(position_ids, h.dtype)  # (B·T, 1, D)
+        g, nkv, D = self.heads // self.kv_heads, self.kv_heads, self.head_dim
+        cols, rows = torch.arange(S + T, device=mask.device), torch.arange(T, device=mask.device)
+        # (B, T, S + T): causal; a padding position with no real token before it sees nothing, which torch's
+        # attention answers with zeros (its keys and values stay finite: tests/engines/test_lean.py's last row)
+        keep = (mask != 0)[:, None, :] & (cols[None, :] <= S + rows[:, None])[None]
+        # query row gi·T + t is query head gi of the key/value head at new position t: the mask repeats per gi
+        keep = keep[:, None].repeat(1, 1, g, 1)  # (B, 1, g·T, S + T)
+        for i, (layer, kv) in enumerate(zip(bb.layers, cache.layers, strict=True)):
+            q, k, v = self._qkv(i, self._norm(h, layer.input_layernorm.weight))
+            q = self._rotate(q.reshape(B * T, self.heads, D), cos, sin)
+            q = q.view(B, T, nkv, g, D).permute(0, 2, 3, 1, 4).reshape(B, nkv, g * T, D)
+            k = self._rotate(k.reshape(B * T, nkv, D), cos, sin).view(B, T, nkv, D).transpose(1, 2)
+            v = v.reshape(B, T, nkv, D).transpose(1, 2)
+            assert isinstance(kv, GrowLayer)
+            keys, values = kv.update(k, v)  # (B, nkv, S + T, D)
+            a = scaled_dot_product_attention(q, keys, values, attn_mask=keep, scale=self.scale)
+            a = a.view(B, nkv, g, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, self.heads * D)
+            h = h + self._out(i, a)
+            h = h + self._mlp(i, self._norm(h, layer.post_attention_layernorm.weight))
+        return self._logits(h.view(B, T, -1)[:, -1])
 
 
 def packs(weight: Tensor) -> str | None:
@@ -196,6 +280,13 @@ def pack_weight(weight: Tensor) -> Tensor:
 def packed_linear(x: Tensor, packed: Tensor) -> Tensor:
     """``linear(x, weight)`` for ``packed = pack_weight(weight)``."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+def _drop(modules: list[Any]) -> None:
+    """Free the modules' weights' storage (each becomes an empty tensor of its dtype; the Parameter objects stay)."""
+    with torch.inference_mode(False), torch.no_grad():  # as `fuse_rows`: a later push refreshes these
+        for module in modules:
+            module.weight.data = module.weight.data.new_empty(0)
 
 
 def fuse_rows(modules: list[Any]) -> Tensor:
@@ -235,6 +326,12 @@ class LeanSlot:
 
     def reset(self) -> None:
         self._for = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the current decoder's packed weights (0 when none)."""
+        decoder = self._for[1] if self._for is not None else None
+        return decoder.packed_bytes if decoder is not None else 0
 
     def get(self, backbone: Any, lm_head: Any, *, fuse: bool = False) -> LeanDecoder | None:
         """The decoder (None: decode through transformers). ``fuse``: the weights are the engine's own copy, whose

@@ -49,12 +49,13 @@ class HFEngineSpec:
             arithmetic in a few torch calls a layer, on the same weights) instead of transformers' modules; models it
             does not support (`agentrl.engines.lean.supports`: peft adapters, other architectures, hooked modules)
             decode through transformers whatever this says. False decodes through transformers always.
-        pack_weights: With the lean step on a bf16 copy, also hold the copy's projections in oneDNN's blocked layout
-            (`agentrl.engines.lean.packs`): the decode step's matrix products a third faster on a Xeon with AMX (a
-            16-row step 34 → 27-31 ms), for as much memory again as the copy (+257 MiB for SmolLM2-135M, freed with
-            it for the update) and a repack at each push (in ``perf/engine_push_s``). Off by default: in the main job
-            it raised the peak RSS by 186 MiB (above 4 GiB) for no measurable change in wall time (docs/benchmarks.md);
-            worth it where decoding dominates and memory is not short.
+        pack_weights: With the lean step on a bf16 copy, hold the copy's projections in oneDNN's blocked layout
+            instead of the plain one (`agentrl.engines.lean.packs`: where this CPU's oneDNN has bf16 kernels;
+            elsewhere the copy stays plain): the decode step's matrix products a third faster on a Xeon with AMX (a
+            16-row step 34 → 27-31 ms), the same bytes (projections held once, packed layer by layer at each push:
+            the push takes longer, ``perf/engine_push_s``), prefills through the lean step too. On by default since
+            2026-12-05 (docs/benchmarks.md, "packed only"); until then packing held a second copy (+186 MiB peak in
+            the main job) and was off. False keeps the plain layout.
 
     Whenever the engine does not decode in fp32 from an fp32 policy computing in fp32, the trainer recomputes
     π_old (`agentrl.training.mismatch`); an fp32 copy of an fp32 policy runs the trainer's code on equal weights.
@@ -68,7 +69,7 @@ class HFEngineSpec:
     def __init__(self, max_batch_size: int = 32, prefix_cache_tokens: int = 32768, max_context: int | None = None,
                  compute_dtype: Literal["float32", "policy"] = "float32", weights: WeightsSetting = "auto",
                  decode_dtype: DecodeDType = "auto", lean_decode: bool = True,
-                 pack_weights: bool = False):
+                 pack_weights: bool = True):
         if compute_dtype not in ("float32", "policy"):
             raise ValueError(f"engine.compute_dtype must be 'float32' or 'policy', got {compute_dtype!r}")
         if weights == "auto" and compute_dtype == "policy":

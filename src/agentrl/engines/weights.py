@@ -177,7 +177,7 @@ class WeightCopy:
             self.model.to(device)
             target = dict(self.model.named_parameters())
         for name, param in source.items():
-            if self.released:
+            if self.released or target[name].shape != param.shape:  # released, or dropped (held packed elsewhere)
                 target[name].data = param.detach().to(target[name].dtype, copy=True)
             else:
                 target[name].copy_(param.detach())
