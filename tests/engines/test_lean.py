@@ -8,10 +8,11 @@ import asyncio
 import pytest
 import torch
 
+from agentrl.engines import lean as lean_module
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.engines.kvcache import cache_kv, make_cache, prefill_batch
-from agentrl.engines.lean import LeanDecoder, fuse_rows, packs, supports
+from agentrl.engines.lean import LeanDecoder, fuse_rows, packs, prefill_keep, supports
 from agentrl.models.policy import LoRASettings, Policy
 
 PROMPTS = [[5, 9, 12, 40, 41, 42, 7], [3, 3, 8], [100, 101, 102, 103, 104, 105, 106, 107, 108, 109]]
@@ -76,7 +77,10 @@ def _prefill(policy: Policy, lean: bool) -> tuple[torch.Tensor, list[list[tuple[
         return logits.float(), [batch.row_kv(i) for i in range(len(prompts))]
 
 
-def test_the_lean_prefill_gives_transformers_logits_and_cache_after_cached_prefixes_and_padding() -> None:
+@pytest.mark.parametrize("queries", [256, 3])  # one attention call a layer; slices of 3 new positions
+def test_the_lean_prefill_gives_transformers_logits_and_cache_after_cached_prefixes_and_padding(
+        queries: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lean_module, "PREFILL_QUERIES", queries)
     policy = Policy("tiny-random", seed=0)
     (ref, ref_kv), (lean, lean_kv) = _prefill(policy, lean=False), _prefill(policy, lean=True)
     assert ref.abs().max() > 0.1 and lean.isfinite().all()
@@ -84,6 +88,15 @@ def test_the_lean_prefill_gives_transformers_logits_and_cache_after_cached_prefi
     for ref_row, lean_row in zip(ref_kv, lean_kv, strict=True):  # every layer's keys and values of each row
         for (rk, rv), (lk, lv) in zip(ref_row, lean_row, strict=True):
             assert rk.shape == lk.shape and (rk - lk).abs().max() < 1e-5 and (rv - lv).abs().max() < 1e-5
+
+
+def test_each_new_position_sees_the_real_tokens_up_to_itself_and_always_itself() -> None:
+    """Two cached columns and three new ones: row 0 all real; row 1 one cached token and one new one (padding in
+    both parts), whose two padding positions see only themselves (an empty row would be NaN in some kernels)."""
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 0, 0, 1]])
+    keep = prefill_keep(mask, 3).int().tolist()
+    assert keep[0] == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert keep[1] == [[0, 1, 1, 0, 0], [0, 1, 0, 1, 0], [0, 1, 0, 0, 1]]
 
 
 def test_the_engine_decodes_through_it_with_the_same_tokens_and_logprobs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -186,9 +199,9 @@ def test_a_copy_decodes_through_fused_projections_and_pushes_and_releases_keep_i
 
 def test_a_bf16_copy_multiplies_packed_weights_with_the_unpacked_results_and_repacks_at_each_push() -> None:
     """On a bf16 copy the lean step holds the projections in oneDNN's layout only (where this CPU's oneDNN has bf16
-    kernels, `packs`; the plain ones are freed, a head tied to the embedding left plain): the same tokens and log-probs as the
-    unpacked step, bit for bit, prefills included; a push repacks (stale blocked weights would decode the old
-    policy), a release frees them, and a push after it packs again."""
+    kernels, `packs`; the plain ones are freed, a head tied to the embedding left plain): the same tokens and
+    log-probs as the unpacked engine (whose prefills go through transformers) on this model; a push repacks (stale
+    blocked weights would decode the old policy), a release frees them, and a push after it packs again."""
     policy = Policy("tiny-random", seed=0)
     packed = HFEngine(policy, weights="copy", decode_dtype="bfloat16", pack_weights=True)
     unpacked = HFEngine(policy, weights="copy", decode_dtype="bfloat16", pack_weights=False)
@@ -221,6 +234,7 @@ def test_a_bf16_copy_multiplies_packed_weights_with_the_unpacked_results_and_rep
     buffers = sum(b.numel() * b.element_size() for b in packed.weights.model.buffers())  # rotary frequencies
     held = packed.weights_bytes - buffers
     assert asyncio.run(packed.release_weights()) == held > 0  # the copy's parameters and the packed weights
+    assert asyncio.run(packed.release_weights()) == held  # again before a push (Turn-PPO's warm-up and update)
     assert packed._lean._for is None and packed.weights_bytes == buffers
     asyncio.run(packed.update_weights(policy))  # a push after a release: new storage, packed again
     assert [o.token_ids for o in _generate(packed)] == [o.token_ids for o in fresh]

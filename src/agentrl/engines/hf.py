@@ -16,9 +16,9 @@
   token, so its tokens do not depend on which other requests share the batch; the softmax and the search run over
   the whole batch at once (`agentrl.engines.sampling`).
 * **A lean decode step.** Decode steps of Llama-architecture models run `agentrl.engines.lean` (the same arithmetic
-  on the same weights, fused projections on the engine's own copy), and so do a copy's prefills (`LeanDecoder.prefill`:
-  a copy held packed has no plain projections for transformers' modules); prefills on the trainer's shared weights,
-  and models the lean step does not support, go through transformers.
+  on the same weights, fused projections on the engine's own copy), and so do the prefills of a copy held packed
+  (`LeanDecoder.prefill`: it has no plain projections for transformers' modules); other prefills, and models the lean
+  step does not support, go through transformers.
 * **A request fails or leaves alone.** An error while prefilling or sampling one request (its stop callback, a
   non-finite distribution) fails that request only; the rest of the batch goes on. Only an error in the batched
   forward pass, which no single request owns, fails every request in flight. A caller that cancels its
@@ -74,7 +74,8 @@ class HFEngine(WeightSync):
             `agentrl.engines.specs.HFEngineSpec`) decodes in the weights' dtype: bf16 autocast over fp32 weights was
             measured slower than fp32 for decoding on a 2-core CPU (docs/benchmarks.md: rollouts at 0.94x fp32's
             speed while the bf16 update ran at 1.32x), while bf16 weights decode in bf16 either way.
-        lean_decode: Decode steps through `agentrl.engines.lean.LeanDecoder` where it supports the model.
+        lean_decode: Decode steps (and a packed copy's prefills) through `agentrl.engines.lean.LeanDecoder` where it
+            supports the model.
         pack_weights: With ``lean_decode`` and a bf16 weight copy: hold the copy's projections in oneDNN's blocked
             layout instead of the plain one (`agentrl.engines.lean.packs`; repacked at each push). See
             `agentrl.engines.specs.HFEngineSpec`.
@@ -287,19 +288,19 @@ class HFEngine(WeightSync):
         return next(self.weights.model.parameters()).device  # read each time: Lightning may move the model
 
     def _forward(self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: Any) -> Tensor:
-        """Logits (B, V) of the last position (a decode step, one token a row: through the lean decoder where it
-        supports the model)."""
+        """Logits (B, V) of the last position (a decode step, one token a row, through the lean decoder where it
+        supports the model; a prefill through it where the copy is held packed)."""
         weights = self.weights
         if weights.released:
             raise RuntimeError("the engine's weight copy was released for the trainer's update: push the weights "
                                "(update_weights) before generating")
-        # the lean decoder: every decode step it supports, and a copy's prefills too (a copy held packed has no
-        # plain projections left for transformers' modules; the trainer's own modules prefill through those)
+        # the lean decoder: every decode step it supports, and the prefills of a copy held packed (it has no plain
+        # projections left for transformers' modules; every other prefill goes through those)
         one = input_ids.shape[1] == 1
         lean = self._lean.get(weights.backbone, weights.lm_head, fuse=weights.holds_copy) \
             if one or weights.holds_copy else None
         with self.policy.autocast() if self._autocast else contextlib.nullcontext():
-            if lean is not None:
+            if lean is not None and (one or lean.packed is not None):
                 step = lean.step if one else lean.prefill
                 return step(input_ids, position_ids, mask, cache).float()
             out = weights.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,

@@ -26,6 +26,7 @@ class WeightSync:
     _version: int
     _prefix: PrefixStore
     _lean: LeanSlot
+    _packed_released = 0  # the packed bytes the last release freed
     _model_lock: asyncio.Lock
     _worker: ModelWorker
     _waiting: deque[Request]
@@ -73,9 +74,10 @@ class WeightSync:
             if self._waiting or self._active or self._admitting:
                 return 0
             self._prefix.clear()
-            packed = self._lean.nbytes
+            if not self.weights.released:  # a second release (no push between) reports the first one's figure
+                self._packed_released = self._lean.nbytes
             self._lean.reset()  # its fused weights would keep the copy's storage, its packed ones are their own
-            return self.weights.release() + packed
+            return self.weights.release() + self._packed_released
 
     @property
     def weights_bytes(self) -> int:

@@ -17,9 +17,10 @@ heads repeated for each query head, module and cache bookkeeping):
   (`torch.ops.mkldnn._reorder_linear_weight`, what inductor's frozen CPU graphs use), and multiplied by
   ``torch.ops.mkldnn._linear_pointwise``: the same kernel family as ``linear`` and bit-for-bit its result, but
   without re-laying out the weight at every call — 34 % less matmul time a 16-row step on a Xeon with AMX (18.1 against
-  12.0 ms, docs/benchmarks.md). Packed at each weight push (its cost is the push's), layer by layer, each layer's plain
-  projections freed as it goes (`LeanDecoder._pack_and_drop`): the copy holds them once, and a push refreshes them
-  into new storage before packing again. On by default (``engine.pack_weights``), where oneDNN packs bf16.
+  12.0 ms, docs/benchmarks.md). Packed at each weight push (its cost is the push's; before the first push, at the first
+  model step), layer by layer, each layer's plain projections freed as it goes (`LeanDecoder._pack_and_drop`): the
+  copy holds them once, and a push refreshes them into new storage before packing again. On by default
+  (``engine.pack_weights``), where oneDNN packs bf16.
 
 `LeanDecoder.prefill` is the same layer arithmetic over T new tokens a row (causal within them, after the cached
 ones): the engine prefills its own copy through it, since a packed copy has nothing left for transformers' modules
@@ -112,7 +113,7 @@ class LeanDecoder:
     def _pack_and_drop(self, backbone: Any, lm_head: Any) -> None:
         """Hold the copy's projections only in oneDNN's layout: layer by layer, pack (q|k|v, o, gate|up, down) and
         free the modules' plain weights (empty tensors until the next push refreshes them into new storage,
-        `WeightCopy.refresh`), so the copy holds its projections once and building adds one layer at most. The LM
+        `WeightCopy.refresh`), so the copy holds its projections once and building adds about two layers' worth. The LM
         head is packed too, unless it is also the embedding (tied, SmolLM2's case): the lookup needs the plain
         matrix, and a second, packed one would add its size (+54 MiB for SmolLM2, for 1.3 ms of a 16-row step),
         where as it is a packed copy holds exactly the bytes of an unpacked one. Transformers' modules cannot run
@@ -121,6 +122,9 @@ class LeanDecoder:
         for layer in backbone.layers:
             att, mlp = layer.self_attn, layer.mlp
             projections = [att.q_proj, att.k_proj, att.v_proj, att.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+            if any(m.weight.numel() == 0 for m in projections):
+                raise RuntimeError("the engine's weight copy has no plain projections to pack (freed by an earlier "
+                                   "packing, or a push that failed part way): push the weights (update_weights)")
             with torch.no_grad():
                 weights = (torch.cat([m.weight for m in projections[:3]]), att.o_proj.weight,
                            torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), mlp.down_proj.weight)
@@ -237,25 +241,46 @@ class LeanDecoder:
         h = bb.embed_tokens(input_ids).reshape(B * T, -1)  # (B·T, hidden)
         cos, sin = self._rope(position_ids, h.dtype)  # (B·T, 1, D)
         g, nkv, D = self.heads // self.kv_heads, self.kv_heads, self.head_dim
-        cols, rows = torch.arange(S + T, device=mask.device), torch.arange(T, device=mask.device)
-        # (B, T, S + T): causal; a padding position with no real token before it sees nothing, which torch's
-        # attention answers with zeros (its keys and values stay finite: tests/engines/test_lean.py's last row)
-        keep = (mask != 0)[:, None, :] & (cols[None, :] <= S + rows[:, None])[None]
-        # query row gi·T + t is query head gi of the key/value head at new position t: the mask repeats per gi
-        keep = keep[:, None].repeat(1, 1, g, 1)  # (B, 1, g·T, S + T)
+        keep = prefill_keep(mask, T)  # (B, T, S + T)
         for i, (layer, kv) in enumerate(zip(bb.layers, cache.layers, strict=True)):
             q, k, v = self._qkv(i, self._norm(h, layer.input_layernorm.weight))
             q = self._rotate(q.reshape(B * T, self.heads, D), cos, sin)
-            q = q.view(B, T, nkv, g, D).permute(0, 2, 3, 1, 4).reshape(B, nkv, g * T, D)
+            q = q.view(B, T, nkv, g, D).permute(0, 2, 3, 1, 4)  # (B, nkv, g, T, D): head kv·g + gi
             k = self._rotate(k.reshape(B * T, nkv, D), cos, sin).view(B, T, nkv, D).transpose(1, 2)
             v = v.reshape(B, T, nkv, D).transpose(1, 2)
             assert isinstance(kv, GrowLayer)
             keys, values = kv.update(k, v)  # (B, nkv, S + T, D)
-            a = scaled_dot_product_attention(q, keys, values, attn_mask=keep, scale=self.scale)
-            a = a.view(B, nkv, g, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, self.heads * D)
+            a = q.new_empty(B, nkv, g, T, D)
+            # the g query heads of a key/value head as g·n query rows (row gi·n + t), n new positions at a time:
+            # the mask, repeated per gi, stays small for a long prompt (PREFILL_QUERIES positions a call)
+            for t0 in range(0, T, PREFILL_QUERIES):
+                t1 = min(T, t0 + PREFILL_QUERIES)
+                n = t1 - t0
+                a[:, :, :, t0:t1] = scaled_dot_product_attention(
+                    q[:, :, :, t0:t1].reshape(B, nkv, g * n, D), keys[:, :, : S + t1], values[:, :, : S + t1],
+                    attn_mask=keep[:, None, t0:t1, : S + t1].repeat(1, 1, g, 1), scale=self.scale,
+                ).view(B, nkv, g, n, D)
+            a = a.permute(0, 3, 1, 2, 4).reshape(B * T, self.heads * D)
             h = h + self._out(i, a)
             h = h + self._mlp(i, self._norm(h, layer.post_attention_layernorm.weight))
         return self._logits(h.view(B, T, -1)[:, -1])
+
+
+PREFILL_QUERIES = 256
+"""New positions a row per attention call in `LeanDecoder.prefill`: its mask (B, 1, g·n, S + n) is g times the
+size a call with the heads apart would take, so a long prompt is attended in slices of this many positions."""
+
+
+def prefill_keep(mask: Tensor, new: int) -> Tensor:
+    """Which keys each of the ``new`` last positions attends to (B, new, S + new), from the (B, S + new) padding
+    mask of `kvcache.prefill_batch` (column order is token order): the real tokens at or before it, and always
+    itself — a padding position before any real token would otherwise have an empty row, which some attention
+    kernels answer with NaN (torch's CPU kernel with zeros), and its keys and values stay in the cache."""
+    S = mask.shape[1] - new
+    cols, rows = torch.arange(S + new, device=mask.device), torch.arange(new, device=mask.device)
+    keep = (mask != 0)[:, None, :] & (cols[None, :] <= S + rows[:, None])[None]
+    keep[:, rows, S + rows] = True
+    return keep
 
 
 def packs(weight: Tensor) -> str | None:
@@ -315,9 +340,10 @@ def fuse_rows(modules: list[Any]) -> Tensor:
 
 class LeanSlot:
     """An engine's lean decoder for its current backbone: built (or found unsupported, once logged) on the first
-    decode step after construction or a weight push or release (`reset`: a strategy may wrap or shard the policy's
-    modules after the engine is built; a released copy's fused weights must not be held). ``enabled`` False: always
-    None (decode through transformers). ``pack``: hold a bf16 copy's projections in oneDNN's layout too."""
+    model step after construction or a weight push or release (`reset`: a strategy may wrap or shard the policy's
+    modules after the engine is built; a released copy's fused or packed weights must not be held), or at a push
+    for a copy. ``enabled`` False: always None (decode through transformers). ``pack``: hold a bf16 copy's
+    projections in oneDNN's layout instead of the plain one (`LeanDecoder._pack_and_drop`)."""
 
     def __init__(self, enabled: bool = True, pack: bool = False) -> None:
         self.enabled = enabled
