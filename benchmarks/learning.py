@@ -332,9 +332,9 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
 
 
 def code_version() -> str:
-    """The commit the cell ran on, with ``+dirty`` when ``src/`` or ``configs/`` had uncommitted changes (recorded in each
-    ``summary.json`` as ``code``, so that cells from different code are never read as one grid); ``unknown``
-    outside a git checkout."""
+    """The commit the cell ran on, with ``+dirty`` when ``src/`` or ``configs/`` had uncommitted changes (recorded
+    in each ``summary.json`` as ``code``, so that cells from different code are never read as one grid);
+    ``unknown`` outside a git checkout."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, check=True).stdout.strip()
