@@ -125,8 +125,8 @@ def main() -> None:
                               "workload": {"batch": args.batch, "tokens": args.tokens, "repeats": args.repeats,
                                            "rounds": args.rounds}}
     before = floors_now(args.batch)
-    # decode path: transformers' modules, the lean step unpacked (`engine.pack_weights: false`), the lean step with
-    # packed weights (the default since 2026-12-05, where the CPU's oneDNN packs bf16)
+    # decode path: transformers' modules, the lean step (the default), the lean step with the copy held packed
+    # (`engine.pack_weights: true`, where the CPU's oneDNN packs bf16)
     configs = (("shared", "hf"), ("shared", "lean"), ("copy", "hf"), ("copy", "lean"), ("copy", "lean-packed"))
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {c: [] for c in configs}
     for _ in range(args.rounds):

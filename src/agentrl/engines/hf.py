@@ -95,7 +95,7 @@ class HFEngine(WeightSync):
         weights: WeightsMode = "shared",
         decode_dtype: DecodeDType = "auto",
         lean_decode: bool = True,
-        pack_weights: bool = True,
+        pack_weights: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")

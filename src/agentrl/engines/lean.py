@@ -19,8 +19,8 @@ heads repeated for each query head, module and cache bookkeeping):
   without re-laying out the weight at every call — 34 % less matmul time a 16-row step on a Xeon with AMX (18.1 against
   12.0 ms, docs/benchmarks.md). Packed at each weight push (its cost is the push's; before the first push, at the first
   model step), layer by layer, each layer's plain projections freed as it goes (`LeanDecoder._pack_and_drop`): the
-  copy holds them once, and a push refreshes them into new storage before packing again. On by default
-  (``engine.pack_weights``), where oneDNN packs bf16.
+  copy holds them once, and a push refreshes them into new storage before packing again. Off unless the engine asks
+  for it (``engine.pack_weights``): measured in the main job, it did not pay there (docs/benchmarks.md).
 
 `LeanDecoder.prefill` is the same layer arithmetic over T new tokens a row (causal within them, after the cached
 ones): the engine prefills its own copy through it, since a packed copy has nothing left for transformers' modules

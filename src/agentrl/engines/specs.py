@@ -52,10 +52,11 @@ class HFEngineSpec:
         pack_weights: With the lean step on a bf16 copy, hold the copy's projections in oneDNN's blocked layout
             instead of the plain one (`agentrl.engines.lean.packs`: where this CPU's oneDNN has bf16 kernels;
             elsewhere the copy stays plain): the decode step's matrix products a third faster on a Xeon with AMX (a
-            16-row step 34 → 27-31 ms), the same bytes (projections held once, packed layer by layer at each push:
-            the push takes longer, ``perf/engine_push_s``), prefills through the lean step too. On by default since
-            2026-12-05 (docs/benchmarks.md, "packed only"); until then packing held a second copy (+186 MiB peak in
-            the main job) and was off. False keeps the plain layout.
+            16-row step 34 → 27-31 ms), the same weight bytes (projections held once, packed layer by layer at each
+            push), prefills through the lean step. Off by default: in the main job, one run after the other on an
+            idle Xeon, it gave no faster rollouts (140 against 145 tokens/s), 50-80 MiB more resident between steps
+            and a 214 MiB higher peak (4,341 against 4,127 MiB; docs/benchmarks.md, "Packed only"); worth trying
+            where decoding dominates.
 
     Whenever the engine does not decode in fp32 from an fp32 policy computing in fp32, the trainer recomputes
     π_old (`agentrl.training.mismatch`); an fp32 copy of an fp32 policy runs the trainer's code on equal weights.
@@ -69,7 +70,7 @@ class HFEngineSpec:
     def __init__(self, max_batch_size: int = 32, prefix_cache_tokens: int = 32768, max_context: int | None = None,
                  compute_dtype: Literal["float32", "policy"] = "float32", weights: WeightsSetting = "auto",
                  decode_dtype: DecodeDType = "auto", lean_decode: bool = True,
-                 pack_weights: bool = True):
+                 pack_weights: bool = False):
         if compute_dtype not in ("float32", "policy"):
             raise ValueError(f"engine.compute_dtype must be 'float32' or 'policy', got {compute_dtype!r}")
         if weights == "auto" and compute_dtype == "policy":
