@@ -1,5 +1,5 @@
 """A lean decode step for Llama-architecture models: the embedded engine's one-token-per-row forward, written out
-(and its prefill, on the engine's own copy).
+(and, for a weight copy held packed, its prefill).
 
 `LeanDecoder` runs a decode step's arithmetic on the model's own parameter tensors with a few torch calls a layer,
 where transformers' modules add per-step work that a single new token does not need (a 4-D mask, the key/value
@@ -23,8 +23,9 @@ heads repeated for each query head, module and cache bookkeeping):
   for it (``engine.pack_weights``): measured in the main job, it did not pay there (docs/benchmarks.md).
 
 `LeanDecoder.prefill` is the same layer arithmetic over T new tokens a row (causal within them, after the cached
-ones): the engine prefills its own copy through it, since a packed copy has nothing left for transformers' modules
-to multiply; the trainer's shared weights, and every model it does not `supports`, prefill through transformers.
+ones): the engine prefills a copy held packed through it, since such a copy has nothing left for transformers'
+modules to multiply; every other prefill (an unpacked copy, the trainer's shared weights, a model it does not
+`supports`) goes through transformers.
 Equal to transformers' logits and cache to fp32 rounding (``tests/engines/test_lean.py``); the speed is in
 docs/benchmarks.md ("Decode against the roofline").
 """
@@ -116,7 +117,7 @@ class LeanDecoder:
         `WeightCopy.refresh`), so the copy holds its projections once and building adds about two layers' worth. The LM
         head is packed too, unless it is also the embedding (tied, SmolLM2's case): the lookup needs the plain
         matrix, and a second, packed one would add its size (+54 MiB for SmolLM2, for 1.3 ms of a 16-row step),
-        where as it is a packed copy holds exactly the bytes of an unpacked one. Transformers' modules cannot run
+        whereas as it is a packed copy holds exactly the bytes of an unpacked one. Transformers' modules cannot run
         on this copy any more: the engine prefills through `prefill`."""
         packed = []
         for layer in backbone.layers:
