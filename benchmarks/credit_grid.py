@@ -59,12 +59,18 @@ ROOT = Path(__file__).resolve().parents[1]
 EVAL_OFFSET = 1_000_000  # the datamodule's held-out seeds (`SeedTasks(offset=1_000_000)`)
 
 
-def setting_env(setting: str) -> CreditChainEnv:
-    """The cell's environment: configs/learning/creditchain.yaml's env with the setting's knobs over it."""
+def setting_env(setting: str, **over: Any) -> CreditChainEnv:
+    """The cell's environment: configs/learning/creditchain.yaml's env with the setting's knobs over it (and
+    ``over`` over those)."""
     base, knobs = env_setting(setting)
     config = yaml.safe_load((CONFIGS / f"{base}.yaml").read_text())
     init = dict(config["data"]["agent"]["init_args"]["env"]["init_args"])
-    return CreditChainEnv(**{**init, **knobs})
+    return CreditChainEnv(**{**init, **knobs, **over})
+
+
+def setting_config(setting: str) -> dict[str, Any]:
+    """The setting's base config (``configs/learning/<name>.yaml``) as a dict."""
+    return dict(yaml.safe_load((CONFIGS / f"{env_setting(setting)[0]}.yaml").read_text()))
 
 
 def held_out_episodes(setting: str) -> int:
