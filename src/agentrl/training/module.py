@@ -258,11 +258,7 @@ class AgentRLModule(pl.LightningModule, RunView):
         held_out = evaluation.evaluate(self.session, self.data.eval_task_list(), greedy=plan.greedy,
                                        generated_tokens=self.generated_tokens, label=label, step=self.rl_step)
         metrics = held_out.metrics | peak_rise_metrics(self.peak_rise, evaluation=True)
-        for logger in self.trainer.loggers:  # every logger: `trainer.logger` is only the first of several
-            logger.log_metrics(metrics, step=self.rl_step)
-            logger.save()
-        print(evaluation.summary_line(label, plan.episodes, metrics, plan.greedy), flush=True)
-        evaluation.tell_callbacks(self.trainer, self, held_out)  # e.g. TrajectoryLogger traces the episodes
+        evaluation.publish(self.trainer, self, held_out, metrics, plan)
         self.last_eval = metrics
         return metrics
 
