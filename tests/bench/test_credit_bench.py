@@ -11,7 +11,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from credit import CriticScorer, load_trained, score_turn_ppo
+from credit import CriticScorer, critic_profile, load_trained, score_turn_ppo, within_cue_auc
 
 from agentrl.algorithms.advantages import turn_gae, whiten
 from agentrl.training.batching import keys_of
@@ -62,18 +62,18 @@ def test_turn_ppo_credit_is_the_schedules_own_and_the_neutral_critic_is_turn_gae
     ppo = TurnPPO()
     adv, _ = turn_gae(r, torch.zeros_like(r), mask, gamma=ppo.gamma, lam=ppo.lam)
     adv = whiten(adv, mask)
-    assert [a for a, _, _ in neutral] == pytest.approx([float(adv[b, n]) for b in range(B)
+    assert [x[0] for x in neutral] == pytest.approx([float(adv[b, n]) for b in range(B)
                                                         for n in range(len(rewards[b]))], abs=1e-6)
-    assert next((k, right) for _, k, right in neutral) == ("decision", False)
+    assert next((x[1], x[2]) for x in neutral) == ("decision", False)
     scored = score_turn_ppo(trajs, rewards, infos, CriticScorer(policy, critic))
     values = CriticScorer(policy, critic).values(trajs, keys_of(trajs))
     v = torch.zeros(B, T)
     for (b, n), vs in values.items():
         v[b, n] = vs[0]
     adv, _ = turn_gae(r, v, mask, gamma=ppo.gamma, lam=ppo.lam)
-    assert [a for a, _, _ in scored] == pytest.approx([float(x) for b in range(B)
+    assert [x[0] for x in scored] == pytest.approx([float(x) for b in range(B)
                                                        for x in whiten(adv, mask)[b, : len(rewards[b])]], abs=1e-5)
-    assert [a for a, _, _ in scored] != pytest.approx([a for a, _, _ in neutral], abs=1e-6)  # the critic counts
+    assert [x[0] for x in scored] != pytest.approx([x[0] for x in neutral], abs=1e-6)  # the critic counts
 
 
 def test_a_checkpoint_without_a_critic_and_a_bad_file(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -87,3 +87,29 @@ def test_a_checkpoint_without_a_critic_and_a_bad_file(trained, tmp_path: Path) -
     (tmp_path / "junk.ckpt").write_text("not a checkpoint")
     with pytest.raises(SystemExit, match="junk.ckpt: not a readable agentrl checkpoint"):
         load_trained(tmp_path / "junk.ckpt", "tiny-random")
+
+
+def test_the_critic_profile_averages_v_by_turn_over_right_and_wrong_decisions(trained) -> None:  # type: ignore[no-untyped-def]
+    module, path = trained
+    policy, critic = load_trained(path, "tiny-random")
+    trajs = [t for t in module.last_trajectories if not t.failed]
+    infos = [{"turn_kinds": ["decision"] + ["distractor"] * (t.num_turns - 1),
+              "turn_right": [b < 2] + [None] * (t.num_turns - 1)} for b, t in enumerate(trajs)]
+    scorer = CriticScorer(policy, critic)
+    values = scorer.values(trajs, keys_of(trajs))
+    got = critic_profile(scorer, trajs, infos)
+    assert got["right"]["episodes"] == 2 and got["wrong"]["episodes"] == len(trajs) - 2
+    assert got["right"]["mean_v_by_turn"][0] == pytest.approx((values[(0, 0)][0] + values[(1, 0)][0]) / 2)
+    wrong = [values[(b, 0)][0] for b in range(2, len(trajs))]
+    assert got["wrong"]["mean_v_by_turn"][0] == pytest.approx(sum(wrong) / len(wrong))
+    neutral = critic_profile(CriticScorer(policy, None), trajs, infos)
+    assert all(v == 0.0 for side in neutral.values() for v in side["mean_v_by_turn"])
+
+
+def test_within_cue_auc_compares_right_and_wrong_on_the_same_cue_only() -> None:
+    scored = [(-0.1, "decision", True, "apple"), (-0.3, "decision", False, "apple"), (-0.1, "decision", False, "apple"),
+              (0.9, "decision", True, "river"), (0.5, "distractor", None, None), (-2.0, "decision", False, "stone")]
+    # apple: right -0.1 against wrong -0.3 (win) and -0.1 (tie: half); river and stone have no pair
+    assert within_cue_auc(scored) == (pytest.approx(0.75), 2)
+    # pooled, right (-0.1, 0.9) against wrong (-0.3, -0.1, -2.0): the same reply on two cues would rank anything
+    assert within_cue_auc([(0.0, "decision", True, "a"), (1.0, "decision", False, "b")]) == (None, 0)
