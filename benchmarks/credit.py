@@ -5,8 +5,12 @@ Rollouts of a *fixed* policy (SmolLM2-135M-Instruct as shipped, through the embe
 project's own estimators and schedule settings (``agentrl.algorithms.advantages``, the defaults of
 ``agentrl.training.schedules.TurnPPO`` / ``TokenPPO``) and scored against the environment's ground truth:
 
-* decision turns: Spearman correlation between the advantage and "the reply was right" (0/1), and the sign
-  accuracy (A > 0 for a right reply, A < 0 for a wrong one; A = 0 counts as a miss);
+* decision turns: Spearman correlation between the advantage and "the reply was right" (0/1), the sign
+  accuracy (A > 0 for a right reply, A < 0 for a wrong one; A = 0 counts as a miss), and the **within-cue AUC**
+  (`within_cue_auc`: how often a right reply's advantage beats a wrong one's on the same cue; 0.5 is no credit).
+  The first two pool the cues, which is right for a policy that picks at random on every cue (the base model)
+  and misleading for a trained one: a policy that answers one colour to every cue is right on some cues and
+  wrong on the others, a critic learns that from the cue, and pooled "right" then says which cue it was;
 * distractor turns: mean |A| (the truth is 0: a distractor reply does not change the outcome);
 * the variance of A over all scored turns, and the mean |A| on decision turns for scale.
 
@@ -32,10 +36,22 @@ runs with ``fallback="hash"``: a reply without a colour word is mapped to a colo
 every reply an action whose rightness the environment knows. The share of replies that named a colour is
 reported.
 
+**A trained policy and critic** (``--checkpoint CKPT --setting SETTING``): the final checkpoint of a learning cell
+(``benchmarks/learning.py --keep-checkpoints DIR``) gives the policy that plays the rollouts and the turn-level
+critic Turn-PPO's advantages use (its values at each turn's first response token, the V(s_n) the trainer's
+`TurnPPO.critic_targets` reads); the environment, agent context and reply length are the setting's, exactly as
+the cell had them (``configs/learning/creditchain.yaml`` with the setting's knobs), so ``--distractors``,
+``--order``, ``--options`` and ``--decisions`` come from the setting. The other schedules are scored on the same
+rollouts (GRPO and RTPO need no critic; token PPO keeps the neutral critic: the checkpoint's critic is
+turn-level). This is the issue's "policy plus critic after N training steps": whether the critic Turn-PPO trained
+gives the decision turn the right sign.
+
 Example (the must-show run)::
 
     python benchmarks/credit.py --env creditchain --decisions 1 --distractors 0 4 8 --noise 0 0.5 \\
         --schedules rtpo turn_ppo grpo token_ppo --json benchmarks/results/credit/credit.json
+    python benchmarks/credit.py --setting creditchain-d8 --noise 0 \
+        --checkpoint checkpoints/kept/creditchain-d8/turn_ppo/seed0.ckpt --json benchmarks/results/credit/trained.json
 """
 
 from __future__ import annotations
@@ -44,7 +60,9 @@ import argparse
 import asyncio
 import json
 import math
+import pickle
 import platform
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -53,26 +71,74 @@ from typing import Any
 import torch
 from scipy.stats import spearmanr
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from credit_grid import ROOT, setting_config, setting_env
+
 from agentrl.agents.base import Task
 from agentrl.agents.env_agent import EnvAgent
-from agentrl.algorithms.advantages import grpo_advantages, sibling_advantages, token_gae, turn_gae, whiten
+from agentrl.algorithms.advantages import grpo_advantages, sibling_advantages, token_gae, whiten
 from agentrl.collect.collector import Collector
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.envs import CreditChainEnv
+from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
 from agentrl.models.precision import cpu_identity
+from agentrl.training.batching import TurnKey, keys_of
+from agentrl.training.rowplan import RowPlan
 from agentrl.training.schedules import TokenPPO, TurnPPO
 from agentrl.types import Trajectory
 
 SCHEDULES = ("rtpo", "turn_ppo", "grpo", "token_ppo")
 # one scored turn: (schedule advantage, kind "decision"/"distractor", right or None)
-Scored = list[tuple[float, str, bool | None]]
+Scored = list[tuple[float, str, bool | None, str | None]]  # + the decision's cue (None on distractors)
 
 
 def make_env(args: argparse.Namespace, distractors: int, noise: float) -> CreditChainEnv:
+    if args.setting is not None:  # the learning cell's environment (its distractor count is the setting's)
+        return setting_env(args.setting, noise=noise)
     return CreditChainEnv(decisions=args.decisions, distractors=distractors, options=args.options, order=args.order,
                           noise=noise, fallback=args.fallback)
+
+
+def load_trained(path: Path, model: str) -> tuple[Policy, TurnCritic | None]:
+    """The policy and (if the run had one) the turn-level critic of a learning cell's checkpoint: ``model`` (the
+    cell's starting weights: the architecture and tokenizer) with the checkpoint's ``policy.*`` and ``critic.*``
+    weights loaded strictly (a missing or unexpected weight is an error). Loaded with ``weights_only=True``."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+    except (OSError, KeyError, RuntimeError, pickle.UnpicklingError) as err:
+        raise SystemExit(f"--checkpoint {path}: not a readable agentrl checkpoint ({err})") from None
+    policy = Policy(model, compute_dtype="float32")
+    policy.load_state_dict({k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")})
+    own = {k.removeprefix("critic."): v for k, v in state.items() if k.startswith("critic.")}
+    if not own:
+        return policy, None
+    critic = TurnCritic(policy, shared_backbone=not any(k.startswith("backbone.") for k in own))
+    critic.load_state_dict(own)
+    return policy.eval(), critic.eval()
+
+
+class CriticScorer:
+    """The trainer's side of `TurnPPO.critic_targets` for one process: the critic's values through the trainer's
+    own row plan (`RowPlan.score`, what `AgentRLModule.values` runs), sums over one rank."""
+
+    def __init__(self, policy: Policy, critic: TurnCritic | None) -> None:
+        self.critic = critic
+        pad = policy.tokenizer.pad_token_id
+        self.plan = RowPlan(2048, True, int(pad if pad is not None else policy.tokenizer.eos_token_id),
+                            torch.device("cpu"))
+
+    @torch.no_grad()
+    def values(self, trajectories: list[Trajectory], keys: list[TurnKey]) -> dict[TurnKey, list[float]]:
+        critic = self.critic
+        if critic is None:  # the neutral critic: V = 0 at every response token
+            return {(b, n): [0.0] * max(len(trajectories[b].turns[n].response_ids), 1) for b, n in keys}
+        scored = self.plan.score(trajectories, keys, lambda b: critic(b.input_ids, b.attention_mask, b.branch))
+        return {key: v.tolist() for key, v in scored.items()}
+
+    def all_sum(self, values: torch.Tensor) -> torch.Tensor:
+        return values
 
 
 def rescore(env: CreditChainEnv, seed: int, traj: Trajectory) -> tuple[list[float], dict[str, Any]]:
@@ -83,7 +149,7 @@ def rescore(env: CreditChainEnv, seed: int, traj: Trajectory) -> tuple[list[floa
         result = env.step(turn.text or "")
         rewards.append(result.reward)
         info = result.info
-    return rewards, info
+    return rewards, info | {"decision_cues": [env.cue(seed, j) for j in range(env.decisions)]}
 
 
 def collect(policy: Policy, args: argparse.Namespace, distractors: int) -> tuple[list[Trajectory], list[Trajectory],
@@ -109,27 +175,30 @@ def collect(policy: Policy, args: argparse.Namespace, distractors: int) -> tuple
     return groups, siblings, {t.id: t for t in tasks}
 
 
-def truth(info: dict[str, Any], n: int) -> list[tuple[str, bool | None]]:
-    return list(zip(info["turn_kinds"], info["turn_right"], strict=True))[:n]
+def truth(info: dict[str, Any], n: int) -> list[tuple[str, bool | None, str | None]]:
+    """(kind, right, cue) of the first ``n`` turns: the j-th decision turn carries the episode's j-th cue
+    (``info["decision_cues"]``, added by `rescore`)."""
+    cues = iter(info.get("decision_cues", ()))
+    return [(kind, right, next(cues, None) if kind == "decision" else None)
+            for kind, right in zip(info["turn_kinds"], info["turn_right"], strict=True)][:n]
 
 
 def score_grpo(trajs: list[Trajectory], rewards: list[list[float]], infos: list[dict[str, Any]]) -> Scored:
     ret = torch.tensor([sum(r) for r in rewards], dtype=torch.float64)
     adv = grpo_advantages(ret, torch.tensor([t.group for t in trajs]))
-    return [(float(adv[b]), kind, right) for b, info in enumerate(infos) for kind, right in truth(info, 10**6)]
+    return [(float(adv[b]), kind, right, cue) for b, info in enumerate(infos)
+            for kind, right, cue in truth(info, 10**6)]
 
 
-def score_turn_ppo(rewards: list[list[float]], infos: list[dict[str, Any]]) -> Scored:
-    ppo = TurnPPO()
-    B, T = len(rewards), max(len(r) for r in rewards)
-    r, mask = torch.zeros(B, T, dtype=torch.float64), torch.zeros(B, T, dtype=torch.bool)
-    for b, row in enumerate(rewards):
-        r[b, : len(row)], mask[b, : len(row)] = torch.tensor(row, dtype=torch.float64), True
-    adv, _ = turn_gae(r, torch.zeros_like(r), mask, gamma=ppo.gamma, lam=ppo.lam)  # neutral critic: V = 0
-    if ppo.whiten_advantages:
-        adv = whiten(adv, mask)
-    return [(float(adv[b, n]), kind, right) for b, info in enumerate(infos)
-            for n, (kind, right) in enumerate(truth(info, len(rewards[b])))]
+def score_turn_ppo(trajs: list[Trajectory], rewards: list[list[float]], infos: list[dict[str, Any]],
+                   scorer: CriticScorer, ppo: TurnPPO | None = None) -> Scored:
+    """Turn-PPO's advantages as its trainer computes them (`TurnPPO.critic_targets`: the critic's V(s_n), turn GAE
+    with TurnPPO's γ and λ, whitened), on the episodes with their re-scored rewards."""
+    rescored = [replace(t, turns=[replace(turn, reward=r) for turn, r in zip(t.turns, row, strict=True)], reward=0.0)
+                for t, row in zip(trajs, rewards, strict=True)]
+    targets, _ = (ppo or TurnPPO()).critic_targets(scorer, rescored)  # type: ignore[arg-type]  # the two calls it makes
+    return [(float(targets[(b, n)].advantage), kind, right, cue) for b, info in enumerate(infos)  # type: ignore[arg-type]
+            for n, (kind, right, cue) in enumerate(truth(info, len(rewards[b])))]
 
 
 def score_token_ppo(trajs: list[Trajectory], rewards: list[list[float]], infos: list[dict[str, Any]]) -> Scored:
@@ -149,8 +218,8 @@ def score_token_ppo(trajs: list[Trajectory], rewards: list[list[float]], infos: 
     out: Scored = []
     for b, info in enumerate(infos):
         pos = 0
-        for length, (kind, right) in zip(lengths[b], truth(info, len(lengths[b])), strict=True):
-            out.append((float(adv[b, pos : pos + length].mean()), kind, right))
+        for length, (kind, right, cue) in zip(lengths[b], truth(info, len(lengths[b])), strict=True):
+            out.append((float(adv[b, pos : pos + length].mean()), kind, right, cue))
             pos += length
     return out
 
@@ -164,16 +233,35 @@ def score_rtpo(siblings: list[Trajectory], rewards: list[list[float]], infos: li
         ret = torch.tensor([sum(rewards[i]) for i in idx], dtype=torch.float64)
         adv = sibling_advantages(ret, torch.tensor([siblings[i].group for i in idx]))
         for a, i in zip(adv.tolist(), idx, strict=True):
-            kind, right = truth(infos[i], siblings[i].num_turns)[k]
-            out.append((a, kind, right))
+            kind, right, cue = truth(infos[i], siblings[i].num_turns)[k]
+            out.append((a, kind, right, cue))
     return out
+
+
+def within_cue_auc(scored: Scored) -> tuple[float | None, int]:
+    """How often a right decision's advantage beats a wrong one's *on the same cue* (ties count half), over every
+    such (right, wrong) pair, and the number of pairs. The pooled Spearman mixes cues: once a critic's baseline
+    knows what the policy does on each cue (a policy that answers one colour to every cue is right on half the
+    cues, always, and wrong on the others), "right" says which cue it was more than what the reply did, and the
+    pooled ranks measure the baseline; within a cue only the reply differs."""
+    by_cue: dict[str | None, tuple[list[float], list[float]]] = {}
+    for a, kind, right, cue in scored:
+        if kind == "decision":
+            by_cue.setdefault(cue, ([], []))[0 if right else 1].append(a)
+    wins, pairs = 0.0, 0
+    for rights, wrongs in by_cue.values():
+        for x in rights:
+            for y in wrongs:
+                wins += 1.0 if x > y else 0.5 if x == y else 0.0
+                pairs += 1
+    return (wins / pairs if pairs else None), pairs
 
 
 def metrics(scored: Scored) -> dict[str, Any]:
     """The credit-quality figures of one (schedule, setting)."""
-    dec = [(a, bool(r)) for a, kind, r in scored if kind == "decision"]
-    dis = [a for a, kind, _ in scored if kind == "distractor"]
-    allv = torch.tensor([a for a, _, _ in scored], dtype=torch.float64)
+    dec = [(a, bool(r)) for a, kind, r, _ in scored if kind == "decision"]
+    dis = [a for a, kind, _, _ in scored if kind == "distractor"]
+    allv = torch.tensor([a for a, _, _, _ in scored], dtype=torch.float64)
     rho = None
     if len(dec) > 2 and len({r for _, r in dec}) > 1 and len({a for a, _ in dec}) > 1:
         rho = float(spearmanr([a for a, _ in dec], [float(r) for _, r in dec]).statistic)
@@ -181,6 +269,7 @@ def metrics(scored: Scored) -> dict[str, Any]:
         "decision_turns": len(dec), "distractor_turns": len(dis),
         "decision_right_rate": _mean([float(r) for _, r in dec]),
         "spearman": rho,
+        "within_cue_auc": within_cue_auc(scored)[0], "within_cue_pairs": within_cue_auc(scored)[1],
         "sign_accuracy": _mean([float((a > 0) if r else (a < 0)) for a, r in dec]),
         "decision_mean_abs": _mean([abs(a) for a, _ in dec]),
         "distractor_mean_abs": _mean([abs(a) for a in dis]),
@@ -192,14 +281,31 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def critic_profile(scorer: CriticScorer, trajs: list[Trajectory], infos: list[dict[str, Any]]) -> dict[str, Any]:
+    """The critic's V(s_n) at each turn n, averaged over the episodes whose (first) decision was right and over those
+    whose decision was wrong: a consistent critic that knows the outcome once the decision is made separates them
+    from the decision's next turn on; one that separates them only *before* the decision (it reads the cue, not
+    the reply) gives the decision an advantage of the wrong sign (see docs/benchmarks.md, "a trained critic")."""
+    values = scorer.values(trajs, keys_of(trajs))
+    out: dict[str, Any] = {}
+    for label, want in (("right", True), ("wrong", False)):
+        rows = [b for b, info in enumerate(infos)
+                if next((r for k, r, _ in truth(info, 10**6) if k == "decision"), None) is want]
+        depth = max((trajs[b].num_turns for b in rows), default=0)
+        out[label] = {"episodes": len(rows), "mean_v_by_turn": [
+            _mean([values[(b, n)][0] for b in rows if n < trajs[b].num_turns]) for n in range(depth)]}
+    return out
+
+
 def evaluate(args: argparse.Namespace, distractors: int, noise: float, groups: list[Trajectory],
-             siblings: list[Trajectory], tasks: dict[str, Task]) -> dict[str, dict[str, Any]]:
+             siblings: list[Trajectory], tasks: dict[str, Task], scorer: CriticScorer) -> dict[str, dict[str, Any]]:
     env = make_env(args, distractors, noise)
     g_rew, g_info = zip(*(rescore(env, tasks[t.task_id].seed, t) for t in groups), strict=True)
     s_out = [rescore(env, tasks[t.task_id].seed, t) for t in siblings]
     s_rew, s_info = [r for r, _ in s_out], [i for _, i in s_out]
     scorers = {"grpo": lambda: score_grpo(groups, list(g_rew), list(g_info)),
-               "turn_ppo": lambda: score_turn_ppo(list(g_rew), list(g_info)),
+               "turn_ppo": lambda: score_turn_ppo(groups, list(g_rew), list(g_info), scorer,
+                                                  TurnPPO(gamma=args.turn_gamma, lam=args.turn_lam)),
                "token_ppo": lambda: score_token_ppo(groups, list(g_rew), list(g_info)),
                "rtpo": lambda: score_rtpo(siblings, s_rew, s_info)}
     return {name: metrics(scorers[name]()) for name in args.schedules}
@@ -229,7 +335,26 @@ def fmt(x: float | None, spec: str = "+.3f") -> str:
     return "   -  " if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def main() -> None:
+def apply_setting(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """``--setting``: the learning cell's environment knobs, starting model and reply length replace the flags'."""
+    if args.setting is None:
+        if args.checkpoint is not None:
+            parser.error("--checkpoint needs --setting (the learning setting its cell trained on)")
+        return
+    try:
+        env, config = setting_env(args.setting), setting_config(args.setting)
+    except (ValueError, OSError) as err:
+        parser.error(f"--setting {args.setting}: {err}")
+    args.distractors, args.decisions, args.options = [env.distractors], env.decisions, env.options
+    args.order, args.fallback = env.order, env.fallback
+    args.max_tokens = int(config["data"]["sampling"]["max_tokens"])
+    if args.model is None:
+        args.model = str(ROOT / config["model"]["policy"]["init_args"]["model"])
+    if args.checkpoint is not None and not args.checkpoint.is_file():
+        parser.error(f"--checkpoint {args.checkpoint}: no such file")
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--env", choices=["creditchain"], default="creditchain")
     parser.add_argument("--decisions", type=int, default=1)
@@ -244,35 +369,57 @@ def main() -> None:
     parser.add_argument("--siblings", type=int, default=2, help="RTPO siblings per trunk and depth (G - 1)")
     parser.add_argument("--rtpo-depths", choices=["scored", "all"], default="scored")
     parser.add_argument("--max-tokens", type=int, default=3)
-    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--model", default=None, help="the policy (default smollm2-135m-instruct; with --setting the "
+                        "setting's starting model)")
+    parser.add_argument("--setting", default=None, help="a learning setting (e.g. creditchain-d8): its environment, "
+                        "starting model and reply length, as its cells had them")
+    parser.add_argument("--checkpoint", type=Path, default=None, help="a learning cell's final checkpoint "
+                        "(benchmarks/learning.py --keep-checkpoints): its policy plays, its critic scores turn_ppo")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--turn-gamma", type=float, default=TurnPPO().gamma, help="Turn-PPO's γ (its default)")
+    parser.add_argument("--turn-lam", type=float, default=TurnPPO().lam, help="Turn-PPO's GAE λ (its default)")
     parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    apply_setting(args, parser)
+    args.model = args.model or "smollm2-135m-instruct"
     for name in ("tasks", "group", "siblings", "decisions", "options", "max_tokens"):
         if getattr(args, name) < (2 if name in ("group", "siblings", "options") else 1):
             parser.error(f"--{name.replace('_', '-')} is too small: {getattr(args, name)}")
     start = time.perf_counter()
     torch.manual_seed(args.seed)
-    policy = Policy(args.model, compute_dtype="float32")
-    rows, rollouts = [], {}
+    critic: TurnCritic | None = None
+    if args.checkpoint is not None:
+        policy, critic = load_trained(args.checkpoint, args.model)
+    else:
+        policy = Policy(args.model, compute_dtype="float32")
+    scorer = CriticScorer(policy, critic)
+    rows, rollouts, profiles = [], {}, {}
     print(f"{'schedule':9s} {'D':>2s} {'sigma':>5s} {'n_dec':>5s} {'spearman':>8s} {'sign_acc':>8s} "
-          f"{'|A| dec':>7s} {'|A| dis':>7s} {'var':>7s}", flush=True)
+          f"{'cue AUC':>7s} {'pairs':>5s} {'|A| dec':>7s} {'|A| dis':>7s} {'var':>7s}", flush=True)
     for d in args.distractors:
         t0 = time.perf_counter()
         groups, siblings, tasks = collect(policy, args, d)
         check_online_rewards(args, d, groups + siblings, tasks)
         rollouts[str(d)] = rollout_stats(make_env(args, d, 0.0), groups) | {
             "rtpo_siblings": len(siblings), "seconds": time.perf_counter() - t0}
+        if "turn_ppo" in args.schedules:
+            profiles[str(d)] = critic_profile(scorer, groups, [rescore(make_env(args, d, 0.0), tasks[t.task_id].seed,
+                                                                        t)[1] for t in groups])
+            print("[credit] critic V(s_n) by turn, decision right / wrong: "
+                  + json.dumps({k: [round(x, 3) for x in v["mean_v_by_turn"] if x is not None]
+                                for k, v in profiles[str(d)].items()}), flush=True)
         for noise in args.noise:
-            for name, m in evaluate(args, d, noise, groups, siblings, tasks).items():
+            for name, m in evaluate(args, d, noise, groups, siblings, tasks, scorer).items():
                 rows.append({"schedule": name, "distractors": d, "noise": noise} | m)
                 print(f"{name:9s} {d:2d} {noise:5.2f} {m['decision_turns']:5d} {fmt(m['spearman']):>8s} "
-                      f"{fmt(m['sign_accuracy'], '.3f'):>8s} {fmt(m['decision_mean_abs'], '.3f'):>7s} "
+                      f"{fmt(m['sign_accuracy'], '.3f'):>8s} {fmt(m['within_cue_auc'], '.3f'):>7s} "
+                      f"{m['within_cue_pairs']:5d} {fmt(m['decision_mean_abs'], '.3f'):>7s} "
                       f"{fmt(m['distractor_mean_abs'], '.3f'):>7s} {fmt(m['variance'], '.3f'):>7s}", flush=True)
     out = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
            "env": make_env(args, args.distractors[0], args.noise[0]).metadata(),
-           "critic": "untrained neutral critic (V = 0), no trained critic given",
-           "rollouts": rollouts, "rows": rows, "seconds": time.perf_counter() - start,
+           "critic": (f"trained: {args.checkpoint}" if critic is not None
+                      else "untrained neutral critic (V = 0), no trained critic given"),
+           "rollouts": rollouts, "rows": rows, "critic_profile": profiles, "seconds": time.perf_counter() - start,
            "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()},
            "cpu": cpu_identity()}
     print(f"[credit] {out['seconds']:.0f} s; rollouts: " + json.dumps(rollouts), flush=True)

@@ -13,7 +13,12 @@ finished cells of every setting named and writes ``<out>/creditchain-grid/``:
   writes ``<out>/creditchain-grid-vK/``; the full table names each row's versions (``v1×3, v2×2``).
 * Each row pairs its final success with GRPO's in the same setting, seed by seed: the mean difference and its
   standard error over the seeds both have at one version (a seed gives both schedules the same tasks, so pairing
-  removes the seed's own luck; across versions a seed's episodes differ and there is no pair).
+  removes the seed's own luck; across versions a seed's episodes differ and there is no pair), with the exact
+  sign-flip p-value of those differences (`sign_flip_p`; five pairs cannot go below 0.0625), and its count of
+  seeds above the bar against GRPO's with Fisher's exact p (`fisher_p`): the cells are near-bimodal (a seed learns
+  the rule or stays at the bar), so the count is the natural outcome.
+* ``--power PA PB`` prints how many seeds a cell the count comparison needs to tell a schedule whose seeds clear
+  the bar with probability PA from one at PB (Fisher, α = 0.05, 80 % power: `seeds_for_power`), and stops.
 * ``contrasts.json`` (and a second table in ``table.md``): for a setting and its control (the same M, D and σ, the
   decisions last), each schedule's lead over GRPO with the delay minus its lead without, seed by seed
   (`order_contrasts`): the measure of whether turn-level credit is what helps.
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 import sys
 from collections import Counter
@@ -53,12 +59,18 @@ ROOT = Path(__file__).resolve().parents[1]
 EVAL_OFFSET = 1_000_000  # the datamodule's held-out seeds (`SeedTasks(offset=1_000_000)`)
 
 
-def setting_env(setting: str) -> CreditChainEnv:
-    """The cell's environment: configs/learning/creditchain.yaml's env with the setting's knobs over it."""
+def setting_env(setting: str, **over: Any) -> CreditChainEnv:
+    """The cell's environment: configs/learning/creditchain.yaml's env with the setting's knobs over it (and
+    ``over`` over those)."""
     base, knobs = env_setting(setting)
     config = yaml.safe_load((CONFIGS / f"{base}.yaml").read_text())
     init = dict(config["data"]["agent"]["init_args"]["env"]["init_args"])
-    return CreditChainEnv(**{**init, **knobs})
+    return CreditChainEnv(**{**init, **knobs, **over})
+
+
+def setting_config(setting: str) -> dict[str, Any]:
+    """The setting's base config (``configs/learning/<name>.yaml``) as a dict."""
+    return dict(yaml.safe_load((CONFIGS / f"{env_setting(setting)[0]}.yaml").read_text()))
 
 
 def held_out_episodes(setting: str) -> int:
@@ -126,15 +138,60 @@ def grid_rows(out: Path, settings: list[str], schedules: list[str], seeds: list[
     return rows
 
 
+def sign_flip_p(diffs: list[float]) -> float:
+    """Two-sided exact p-value of paired differences under the null that each one's sign is a coin flip (the
+    paired permutation test): the share of the 2^n sign assignments whose |sum| is at least the observed |sum|.
+    Counted by convolving the sums (exact; fast for the few distinct values of success rates over 32 games). With
+    n pairs it is never below 2 / 2^n: 5 seeds cannot reach 0.05."""
+    sums: dict[float, int] = {0.0: 1}
+    for d in diffs:
+        nxt: dict[float, int] = {}
+        for total, ways in sums.items():
+            for signed in (abs(d), -abs(d)):
+                key = round(total + signed, 9)
+                nxt[key] = nxt.get(key, 0) + ways
+        sums = nxt
+    observed = abs(sum(diffs)) - 1e-9
+    return sum(ways for total, ways in sums.items() if abs(total) >= observed) / 2 ** len(diffs)
+
+
+def fisher_p(a: int, n_a: int, b: int, n_b: int) -> float:
+    """Two-sided Fisher exact p-value for a of n_a against b of n_b (for example seeds above the bar): the
+    probability, given the a + b successes in all, of every split no more likely than the observed one."""
+    k, n = a + b, n_a + n_b
+
+    def prob(x: int) -> float:
+        return math.comb(k, x) * math.comb(n - k, n_a - x) / math.comb(n, n_a)
+
+    observed = prob(a) * (1 + 1e-9)
+    return min(1.0, sum(prob(x) for x in range(max(0, k - n_b), min(k, n_a) + 1) if prob(x) <= observed))
+
+
+def fisher_power(p_a: float, p_b: float, n: int, alpha: float = 0.05) -> float:
+    """The chance that n seeds a cell, each above the bar with probability p_a (one schedule) or p_b (the other),
+    give a Fisher exact p ≤ alpha: the power of the seeds-above-the-bar comparison (exact, over every outcome)."""
+    def binom(x: int, p: float) -> float:
+        return math.comb(n, x) * p**x * (1 - p) ** (n - x)
+
+    return sum(binom(a, p_a) * binom(b, p_b) for a in range(n + 1) for b in range(n + 1)
+               if fisher_p(a, n, b, n) <= alpha)
+
+
+def seeds_for_power(p_a: float, p_b: float, power: float = 0.8, alpha: float = 0.05, most: int = 200) -> int | None:
+    """The fewest seeds a cell at which `fisher_power` reaches ``power`` (None if not within ``most``)."""
+    return next((n for n in range(2, most + 1) if fisher_power(p_a, p_b, n, alpha) >= power), None)
+
+
 def paired(a: dict[tuple[int, int], float], b: dict[tuple[int, int], float]) -> dict[str, Any] | None:
-    """Differences a − b over the (seed, version) keys both have: mean, sd and standard error of the mean (None
-    with fewer than two such pairs)."""
+    """Differences a − b over the (seed, version) keys both have: mean, sd, standard error of the mean and the
+    exact sign-flip p-value (`sign_flip_p`); None with fewer than two such pairs."""
     common = sorted(set(a) & set(b))
     if len(common) < 2:
         return None
     d = [a[k] - b[k] for k in common]
     sd = statistics.stdev(d)
-    return {"seeds": [seed for seed, _ in common], "mean": statistics.fmean(d), "sd": sd, "se": sd / len(d) ** 0.5}
+    return {"seeds": [seed for seed, _ in common], "mean": statistics.fmean(d), "sd": sd, "se": sd / len(d) ** 0.5,
+            "p": sign_flip_p(d)}
 
 
 def order_contrasts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -164,7 +221,8 @@ def order_contrasts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append({"first": first, "last": last, "schedule": schedule, "seeds": [k for k, _ in common],
                         "lead_first": statistics.fmean(a[k] - ga[k] for k in common),
                         "lead_last": statistics.fmean(b[k] - gb[k] for k in common),
-                        "mean": statistics.fmean(diffs), "sd": sd, "se": sd / len(diffs) ** 0.5})
+                        "mean": statistics.fmean(diffs), "sd": sd, "se": sd / len(diffs) ** 0.5,
+                        "p": sign_flip_p(diffs)})
     return out
 
 
@@ -176,7 +234,14 @@ def _vs_grpo(r: dict[str, Any]) -> str:
     p = r.get("vs_grpo")
     if r["schedule"] == "grpo" or p is None:
         return "—"
-    return f"{p['mean']:+.3f} ± {p['se']:.3f} ({len(p['seeds'])})"
+    return f"{p['mean']:+.3f} ± {p['se']:.3f} ({len(p['seeds'])}; p = {p['p']:.2f})"
+
+
+def _above_vs_grpo(r: dict[str, Any], grpo: dict[str, Any] | None) -> str:
+    if r["schedule"] == "grpo" or grpo is None:
+        return "—"
+    a, n_a, b, n_b = r["above_bar"], len(r["seeds"]), grpo["above_bar"], len(grpo["seeds"])
+    return f"{a}/{n_a} vs {b}/{n_b} (p = {fisher_p(a, n_a, b, n_b):.2f})"
 
 
 def write(out: Path, rows: list[dict[str, Any]], name: str = "creditchain-grid") -> Path:
@@ -185,8 +250,10 @@ def write(out: Path, rows: list[dict[str, Any]], name: str = "creditchain-grid")
     (folder / "table.json").write_text(json.dumps(rows, indent=1))
     lines = ["| setting | schedule | lr | seeds | cell versions | cue-blind bar | "
              "held-out base → final, mean ± sd (min-max) | gain | seeds above the bar | greedy final | "
-             "final − GRPO's, paired by seed (± SE, seeds) | CPU-min a cell |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "final − GRPO's, paired by seed (± SE; seeds; sign-flip p) | seeds above the bar vs GRPO's (Fisher p) | "
+             "CPU-min a cell |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    grpo = {r["setting"]: r for r in rows if r["schedule"] == "grpo"}
     for r in rows:
         f = r["final"]
         lines.append(
@@ -194,15 +261,16 @@ def write(out: Path, rows: list[dict[str, Any]], name: str = "creditchain-grid")
             f"{r['cue_blind_bar']:.3f} | "
             f"{r['base']['mean']:.3f} → {f['mean']:.3f} ± {f['sd']:.3f} ({f['min']:.3f}-{f['max']:.3f}) | "
             f"{r['gain']['mean']:+.3f} ± {r['gain']['sd']:.3f} | {r['above_bar']} of {len(r['seeds'])} | "
-            f"{r['greedy_final']['mean']:.3f} | {_vs_grpo(r)} | {r['cpu_minutes']['mean']:.1f} |")
+            f"{r['greedy_final']['mean']:.3f} | {_vs_grpo(r)} | {_above_vs_grpo(r, grpo.get(r['setting']))} | "
+            f"{r['cpu_minutes']['mean']:.1f} |")
     contrasts = order_contrasts(rows)
     (folder / "contrasts.json").write_text(json.dumps(contrasts, indent=1))
     if contrasts:
         lines += ["", "The delay's effect on the lead over GRPO, paired by seed (`order_contrasts`):", "",
                   "| decisions first | decisions last | schedule | seeds | lead over GRPO, first | lead, last | "
-                  "first − last (± SE) |", "|---|---|---|---|---|---|---|"]
+                  "first − last (± SE) | sign-flip p |", "|---|---|---|---|---|---|---|---|"]
         lines += [f"| {c['first']} | {c['last']} | {c['schedule']} | {len(c['seeds'])} | {c['lead_first']:+.3f} | "
-                  f"{c['lead_last']:+.3f} | {c['mean']:+.3f} ± {c['se']:.3f} |" for c in contrasts]
+                  f"{c['lead_last']:+.3f} | {c['mean']:+.3f} ± {c['se']:.3f} | {c['p']:.2f} |" for c in contrasts]
     (folder / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -244,7 +312,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rules", type=int, default=None,
                    help="only the cells run under this version of learning.CELL_RULES, written to "
                         "<out>/creditchain-grid-v<rules>/ (default: every cell, to <out>/creditchain-grid/)")
+    p.add_argument("--power", nargs=2, type=float, metavar=("PA", "PB"),
+                   help="print the seeds a cell needed to tell above-bar rates PA and PB apart, and stop")
     args = p.parse_args(argv)
+    if args.power:
+        pa, pb = args.power
+        n = seeds_for_power(pa, pb)
+        print(f"[credit_grid] above-bar rates {pa} vs {pb}: "
+              + (f"{n} seeds a cell for 80 % power (Fisher exact, alpha 0.05); at 5 seeds the power is "
+                 f"{fisher_power(pa, pb, 5):.2f}" if n else "more than 200 seeds a cell"))
+        return 0
     rows = grid_rows(args.out, args.settings, args.schedules, args.seeds, args.rules)
     if not rows:
         print(f"[credit_grid] no finished cells under {args.out} for {args.settings}")

@@ -305,6 +305,12 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
             rc = None
     wall = time.perf_counter() - start
     cpu = _children_cpu() - cpu_start
+    last = scratch / "checkpoints" / "last.ckpt"
+    if args.keep_checkpoints is not None and rc == 0 and last.exists():  # the trained policy and critic, for
+        kept = args.keep_checkpoints / f"{name}.ckpt"                   # `benchmarks/credit.py --checkpoint`
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(last, kept)
+        print(f"[learning] {name}: final checkpoint kept as {kept}", flush=True)
     shutil.rmtree(scratch, ignore_errors=True)
     if rc != 0:
         why = "timed out" if rc is None else f"exit status {rc}"
@@ -402,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
     p.add_argument("--scratch", type=Path, default=ROOT / "checkpoints" / "learning",
                    help="checkpoints of running cells (deleted when a cell ends)")
+    p.add_argument("--keep-checkpoints", type=Path, default=None, metavar="DIR",
+                   help="keep each finished cell's final checkpoint as DIR/<env>/<schedule>/seed<k>.ckpt (for "
+                        "benchmarks/credit.py --checkpoint; checkpoints are not committed)")
     p.add_argument("--tracking-uri", default=f"sqlite:///{ROOT / 'mlflow.db'}")
     p.add_argument("--cell-timeout", type=float, default=900.0, help="seconds before a cell is stopped as failed")
     p.add_argument("--max-cells", type=int, default=None, help="run at most this many unfinished cells, then stop")
@@ -422,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
             for schedule in args.schedules:
                 chosen_lr(args.out, env_setting(env)[0], schedule)
     args.scratch = args.scratch.resolve()
+    args.keep_checkpoints = args.keep_checkpoints and args.keep_checkpoints.resolve()
     failed = 0
     if not args.report:
         todo = [(e, s, k, lr) for e in args.env for k in args.seeds for s in args.schedules for lr in grids[s]]

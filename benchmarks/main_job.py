@@ -39,7 +39,8 @@ from agentrl.models.precision import cpu_identity
 STEP_KEYS = ("perf/step_seconds", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/generated_tokens",
              "perf/engine_push_s", "perf/engine_weights_mib", "rollout/reward", "rollout/success",
              "rollout/logprob_mismatch_kl", "rollout/recomputed_tokens", "train/approx_kl", "train/entropy",
-             "perf/rss_mib", "perf/peak_rss_mib")
+             "perf/rss_mib", "perf/peak_rss_mib", "perf/collecting_peak_rise_mib", "perf/scoring_peak_rise_mib",
+             "perf/updating_peak_rise_mib", "perf/between_peak_rise_mib")
 # the run's own lines that split its wall time (agentrl.training.progress, agentrl.training.evaluation)
 MARKS = {"base_eval_done": re.compile(r"^\[agentrl\] base evaluation"), "first_step": re.compile(r"^step\s+1/"),
          "last_step": re.compile(r"^step\s+(\d+)/\1\b"),
@@ -132,7 +133,8 @@ def mlflow_figures(folder: Path) -> dict[str, Any]:
     run = runs[0]
     history = {k: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, k)]
                for k in run.data.metrics}
-    evals = {k: [v for _, v in sorted(history[k])] for k in ("eval/success", "eval/reward") if k in history}
+    eval_keys = ("eval/success", "eval/reward", "eval/peak_rise_mib", "eval/peak_rss_mib")
+    evals = {k: [v for _, v in sorted(history[k])] for k in eval_keys if k in history}
     steps = {k: [v for _, v in sorted(history[k])] for k in STEP_KEYS if k in history}
     params = run.data.params
     return {"run_id": run.info.run_id, "eval": evals, "steps": steps,

@@ -72,6 +72,7 @@ class StepProgress:
         self._lock = threading.Lock()
         self._now = StepPhase()
         self._listener: Callable[[], None] | None = None
+        self._boundary: Callable[[PhaseKind | None], None] | None = None
 
     def snapshot(self) -> StepPhase:
         with self._lock:
@@ -80,6 +81,16 @@ class StepProgress:
     def listen(self, listener: Callable[[], None] | None) -> None:
         """Call ``listener`` after every change (None: stop)."""
         self._listener = listener
+
+    def on_boundary(self, hook: Callable[[PhaseKind | None], None] | None) -> None:
+        """Call ``hook(kind)`` as each phase begins and ends, with the phase that is ending: the one running
+        before the block (None between phases) at its start, the block's own at its end (None: stop)."""
+        self._boundary = hook
+
+    def _mark_boundary(self) -> None:
+        hook = self._boundary
+        if hook is not None:
+            hook(self.snapshot().kind)
 
     def _set(self, change: Callable[[StepPhase], StepPhase]) -> None:
         with self._lock:
@@ -92,10 +103,12 @@ class StepProgress:
     def phase(self, kind: PhaseKind) -> Iterator[None]:
         """The block is phase ``kind``; the phase it interrupts (if any) resumes after it."""
         before = self.snapshot()
+        self._mark_boundary()
         self._set(lambda p: StepPhase(kind, time.monotonic(), depth=p.depth))
         try:
             yield
         finally:
+            self._mark_boundary()
             self._set(lambda p: replace(before, depth=p.depth))
 
     def rtpo_depth(self, k: int | None, of: int = 0) -> None:

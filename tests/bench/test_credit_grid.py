@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections import Counter
 from pathlib import Path
@@ -10,7 +11,17 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from credit_grid import cue_blind_bar, grid_rows, order_contrasts, setting_env, write
+from credit_grid import (
+    cue_blind_bar,
+    fisher_p,
+    fisher_power,
+    grid_rows,
+    order_contrasts,
+    seeds_for_power,
+    setting_env,
+    sign_flip_p,
+    write,
+)
 
 from agentrl.envs import CreditChainEnv
 
@@ -82,7 +93,8 @@ def test_pairs_with_grpo_are_seed_by_seed_within_one_version_and_rules_keeps_one
     assert p["sd"] == pytest.approx(0.25 / 2**0.5) and p["se"] == pytest.approx(0.125)
     assert rows["turn_ppo"]["versions"] == {"2": 3} and rows["grpo"]["versions"] == {"1": 1, "2": 2}
     table = (write(tmp_path, list(rows.values()))).joinpath("table.md").read_text()
-    assert "| v2×3 |" in table and "| v1×1, v2×2 |" in table and "+0.375 ± 0.125 (2)" in table
+    assert "| v2×3 |" in table and "| v1×1, v2×2 |" in table and "+0.375 ± 0.125 (2; p = 0.50)" in table
+    assert p["p"] == pytest.approx(0.5)  # of the four sign flips of (0.25, 0.5), two reach |sum| 0.75
     v2 = {r["schedule"]: r for r in grid_rows(tmp_path, ["creditchain"], ["turn_ppo", "grpo"], [0, 1, 2], rules=2)}
     assert v2["grpo"]["seeds"] == [0, 1] and v2["turn_ppo"]["vs_grpo"]["seeds"] == [0, 1]
     assert grid_rows(tmp_path, ["creditchain"], ["turn_ppo", "grpo"], [0, 1, 2], rules=3) == []
@@ -104,5 +116,26 @@ def test_the_delay_contrast_is_each_seeds_lead_over_grpo_first_minus_last(tmp_pa
                                                                   "turn_ppo", [0, 1])
     assert c["lead_first"] == pytest.approx(0.375) and c["lead_last"] == pytest.approx(0.125)
     assert c["mean"] == pytest.approx(0.25) and c["se"] == pytest.approx(0.25)
-    assert "| creditchain-d8 | creditchain-d8-last | turn_ppo | 2 | +0.375 | +0.125 | +0.250 ± 0.250 |" in (
+    assert c["p"] == 1.0  # contrasts (0.5, 0.0): every sign flip gives |sum| 0.5
+    assert "| creditchain-d8 | creditchain-d8-last | turn_ppo | 2 | +0.375 | +0.125 | +0.250 ± 0.250 | 1.00 |" in (
         write(tmp_path, rows) / "table.md").read_text()
+
+
+def test_the_exact_tests_by_hand() -> None:
+    # sign flips of (0.1, 0.2, -0.05, 0.3, 0.1): |sum| >= 0.65 only when nothing or the 0.05 is flipped against
+    # the rest, either way round: 4 of 32
+    assert sign_flip_p([0.1, 0.2, -0.05, 0.3, 0.1]) == pytest.approx(4 / 32)
+    assert sign_flip_p([0.156] * 5) == pytest.approx(2 / 32)  # five seeds all one way: never below 0.0625
+    assert sign_flip_p([0.0, 0.0]) == 1.0
+    # Fisher: 5 of 5 against 0 of 5: the two extreme splits of C(10, 5) = 252 tables, 2 / 252
+    assert fisher_p(5, 5, 0, 5) == pytest.approx(2 / 252)
+    # 3 of 10 against 1 of 10: splits x = 0..4 of the 4 above-bar seeds, P(x) = C(4,x) C(16,10-x) / C(20,10);
+    # every split but x = 2 (the likeliest) is no more likely than x = 3
+    probs = [math.comb(4, x) * math.comb(16, 10 - x) / math.comb(20, 10) for x in range(5)]
+    assert fisher_p(3, 10, 1, 10) == pytest.approx(sum(probs) - probs[2])
+    assert fisher_p(1, 5, 2, 5) == 1.0
+    # power at n = 2: only 2 of 2 against 0 of 2 (or the reverse) has p = 1/3 > 0.05: no outcome rejects
+    assert fisher_power(1.0, 0.0, 2) == 0.0
+    # at n = 4: 4/4 vs 0/4 gives p = 2/70 <= 0.05, so with certain outcomes power is 1
+    assert fisher_power(1.0, 0.0, 4) == 1.0 and seeds_for_power(1.0, 0.0) == 4
+    assert fisher_power(0.9, 0.4, 17) >= 0.8 > fisher_power(0.9, 0.4, 16)

@@ -8,6 +8,7 @@ import torch
 
 from agentrl.engines.specs import HFEngineSpec
 from agentrl.models.policy import Policy
+from agentrl.training.perf import STEP_PHASES
 from agentrl.training.schedules import GRPO
 from agentrl.training.settings import PPOSettings
 from tests.training.helpers import fit, letter_data, make_module
@@ -47,6 +48,8 @@ def test_an_fp32_copy_trains_as_the_shared_engine_and_logs_its_push() -> None:
     for run in (shared, copied):  # the resident set after each step and the process's peak so far (Linux)
         peaks = [m["perf/peak_rss_mib"] for m in run]
         assert all(0 < m["perf/rss_mib"] <= m["perf/peak_rss_mib"] for m in run) and peaks == sorted(peaks)
+        rises = [m[f"perf/{phase}_peak_rise_mib"] for m in run for phase in STEP_PHASES]  # what each phase set
+        assert all(r >= 0 for r in rises) and sum(rises) <= peaks[-1]
 
 
 def test_a_bf16_copy_makes_the_trainer_recompute_pi_old() -> None:

@@ -3,8 +3,11 @@ KV, the next rollouts do not hold the update's gradients, and freed pages go bac
 
 from __future__ import annotations
 
+import ast
 import os
 import platform
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,8 @@ import pytest
 import torch
 
 from agentrl import cli
-from agentrl.models.memory import KERNEL_CACHE_CAPACITY, bound_kernel_caches, release_memory, resident_mib
+from agentrl.models.memory import KERNEL_CACHE_CAPACITY, PeakRise, bound_kernel_caches, release_memory, resident_mib
+from agentrl.runview import StepProgress
 from agentrl.training.schedules import GRPO
 from agentrl.training.settings import PPOSettings
 from tests.training.helpers import fit, guess_data, make_module
@@ -120,3 +124,49 @@ def test_the_agentrl_command_caps_the_kernel_caches_first(monkeypatch: pytest.Mo
         monkeypatch.delenv(name)
     assert cli.main([]) == 0
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == os.environ["LRU_CACHE_CAPACITY"] == "64"
+
+
+def test_peak_rise_charges_each_rise_of_the_peak_to_the_phase_that_ended() -> None:
+    peaks = iter([1000.0, 1000.0, 1200.0, 1250.0, 1250.0, 1400.0, 1400.0, 1500.0])
+    account = PeakRise(read=lambda: (0.0, next(peaks)))  # opens at 1000
+    progress = StepProgress()
+    progress.on_boundary(account.boundary)
+    with progress.phase("collecting"):  # start: 1000 (no rise), end: 1200 -> collecting +200
+        pass
+    # updating's start: 1250 -> +50 between phases; scoring's start: 1250, its end: 1400 -> scoring +150
+    with progress.phase("updating"), progress.phase("scoring"):
+        pass
+    # the update's end: 1400, no rise (its nested scoring set the peak)
+    assert account.take("collecting", "scoring", "updating", "between") == {
+        "collecting": 200.0, "scoring": 150.0, "updating": 0.0, "between": 50.0}
+    assert account.take("collecting", "scoring") == {"collecting": 0.0, "scoring": 0.0}  # taken: reset
+    account.boundary("evaluating")  # 1500: +100
+    assert account.take("evaluating", "updating") == {"evaluating": 100.0, "updating": 0.0}
+    nothing = PeakRise(read=lambda: None)  # no procfs: nothing is ever charged
+    nothing.boundary("updating")
+    assert nothing.take("updating") == {"updating": 0.0}
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's")
+def test_peak_rise_charges_a_real_allocation_to_its_phase() -> None:
+    # a fresh interpreter: this test process's peak may already sit far above its resident set
+    script = (
+        "import torch\n"
+        "from agentrl.models.memory import PeakRise, release_memory\n"
+        "from agentrl.runview import StepProgress\n"
+        "account, progress = PeakRise(), StepProgress()\n"
+        "progress.on_boundary(account.boundary)\n"
+        "with progress.phase('collecting'):\n"
+        "    small = torch.ones(2**20)\n"
+        "with progress.phase('updating'):\n"
+        "    block = torch.ones(256 * 2**20 // 4)\n"
+        "    del block\n"
+        "release_memory()\n"
+        "with progress.phase('scoring'):\n"
+        "    again = torch.ones(128 * 2**20 // 4)\n"  # under the update's peak: charged nothing
+        "print(account.take('collecting', 'updating', 'scoring'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    charged = ast.literal_eval(out.strip().splitlines()[-1])
+    assert 240 <= charged["updating"] <= 280, charged
+    assert charged["collecting"] < 20 and charged["scoring"] < 20, charged

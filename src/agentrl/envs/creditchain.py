@@ -163,9 +163,13 @@ class CreditChainEnv(EpisodeSnapshots):
             return step < self.decisions
         return step >= self.distractors
 
+    def cue(self, seed: int, decision: int) -> str:
+        """The cue word of decision ``decision`` (0-based) of the episode with ``seed``."""
+        return CUES[_draw_cues(seed, self.decisions, self.cues)[decision]]
+
     def right_reply(self, seed: int, decision: int) -> str:
         """The right colour of decision ``decision`` (0-based) of the episode with ``seed``."""
-        return self.rule[CUES[_draw_cues(seed, self.decisions, self.cues)[decision]]]
+        return self.rule[self.cue(seed, decision)]
 
     def reset(self, seed: int) -> str:
         """Draw the cues from ``seed`` and return the first step's observation."""

@@ -26,6 +26,7 @@ import ctypes.util
 import functools
 import gc
 import os
+import threading
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
 
@@ -74,3 +75,43 @@ def resident_mib(status: Path = Path("/proc/self/status")) -> tuple[float, float
     except (OSError, KeyError, ValueError, IndexError):
         return None
     return now, peak
+
+
+class PeakRise:
+    """Which phase of a run raised the process's peak resident set, and by how much.
+
+    At every phase boundary (`boundary`, called with the phase that was running) the kernel's high-water mark
+    (``VmHWM``) is read; its rise since the previous boundary is charged to that phase. The high-water mark only
+    rises, so the charges are exact (no sampling: a spike of a millisecond counts) and add up to the run's peak
+    minus its value when the account opened. What is charged to a phase is the part of the peak it *set*: a phase
+    whose own peak stayed under an earlier phase's is charged nothing. Several threads may call `boundary` (the
+    rollouts of an asynchronous collection overlap the update); a rise is charged to the phase named by the call
+    that reads it. Without procfs (not Linux) nothing is ever charged.
+    """
+
+    def __init__(self, read: Callable[[], tuple[float, float] | None] = resident_mib) -> None:
+        self._read = read
+        self._lock = threading.Lock()
+        self._mark = self._peak()
+        self._charged: dict[str, float] = {}
+
+    def _peak(self) -> float | None:
+        memory = self._read()
+        return None if memory is None else memory[1]
+
+    def boundary(self, ending: str | None) -> None:
+        """A phase boundary: charge the peak's rise since the last boundary to ``ending`` (None: between phases)."""
+        with self._lock:
+            peak = self._peak()
+            if peak is None or self._mark is None:
+                self._mark = peak
+                return
+            if peak > self._mark:
+                name = ending or "between"
+                self._charged[name] = self._charged.get(name, 0.0) + peak - self._mark
+                self._mark = peak
+
+    def take(self, *phases: str) -> dict[str, float]:
+        """The MiB charged to each of ``phases`` since they were last taken (0.0 for none), and reset them."""
+        with self._lock:
+            return {name: self._charged.pop(name, 0.0) for name in phases}

@@ -99,6 +99,16 @@ def summary_line(label: str, episodes: int, metrics: Mapping[str, float], greedy
     return f"[agentrl] {label} evaluation on {episodes} held-out episodes: {line}"
 
 
+def publish(trainer: Any, pl_module: Any, held_out: HeldOut, metrics: Mapping[str, float], plan: EvalPlan) -> None:
+    """Log an evaluation's ``metrics`` to every logger (`trainer.logger` is only the first of several) at its step,
+    print its line and hand it to the callbacks (`tell_callbacks`: e.g. TrajectoryLogger traces the episodes)."""
+    for logger in trainer.loggers:
+        logger.log_metrics(dict(metrics), step=held_out.step)
+        logger.save()
+    print(summary_line(held_out.label, plan.episodes, metrics, plan.greedy), flush=True)
+    tell_callbacks(trainer, pl_module, held_out)
+
+
 def tell_callbacks(trainer: Any, pl_module: Any, held_out: HeldOut) -> None:
     """Hand an evaluation to every callback with an ``on_heldout_evaluation(trainer, pl_module, held_out)`` method.
 

@@ -64,7 +64,7 @@ def is_summed(name: str) -> bool:
 
 
 def is_max(name: str) -> bool:
-    return name.endswith(("max_abs_diff", "staleness_max", "trunk_lag_max", "peak_rss_mib"))
+    return name.endswith(("max_abs_diff", "staleness_max", "trunk_lag_max", "peak_rss_mib", "peak_rise_mib"))
 
 
 def reduce_across_ranks(metrics: dict[str, float]) -> dict[str, float]:

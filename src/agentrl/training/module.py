@@ -37,6 +37,7 @@ from agentrl.agents.base import Task
 from agentrl.credit import StepRecord
 from agentrl.engines.specs import EngineSpec, HFEngineSpec
 from agentrl.models.critic import TurnCritic
+from agentrl.models.memory import PeakRise
 from agentrl.models.policy import Policy
 from agentrl.runview import RunView, SavesModel, StepProgress
 from agentrl.training import distributed, evaluation, memory, sharding
@@ -46,7 +47,7 @@ from agentrl.training.callbacks import DetachOnException
 from agentrl.training.datamodule import RolloutDataModule
 from agentrl.training.metrics import publish_step, reduce_across_ranks, resolved_params
 from agentrl.training.mismatch import needs_old_logprobs
-from agentrl.training.perf import measure_peak_flops, step_perf_metrics, update_mfu
+from agentrl.training.perf import measure_peak_flops, peak_rise_metrics, step_perf_metrics, update_mfu
 from agentrl.training.rowplan import RowPlan
 from agentrl.training.session import RolloutSession
 from agentrl.training.settings import CriticSettings, OptimSettings, PPOSettings
@@ -109,6 +110,8 @@ class AgentRLModule(pl.LightningModule, RunView):
         self.generated_tokens = 0  # sampled for training, all ranks, over the run (the learning budget's axis)
         self.policy_version = 0
         self.step_progress = StepProgress()  # what the step is doing now (the progress display reads it)
+        self.peak_rise = PeakRise()  # which phase raised the process's peak RSS (``perf/*_peak_rise_mib``)
+        self.step_progress.on_boundary(self.peak_rise.boundary)
         self.session = RolloutSession(self.engine_spec, self.step_progress)
         self.lookahead: Lookahead | None = None  # the batches launched ahead (data.max_staleness >= 1), per fit
         self._batch_metrics: dict[str, float] = {}  # the step's staleness metrics (`collect_batch`)
@@ -254,12 +257,8 @@ class AgentRLModule(pl.LightningModule, RunView):
             return {}
         held_out = evaluation.evaluate(self.session, self.data.eval_task_list(), greedy=plan.greedy,
                                        generated_tokens=self.generated_tokens, label=label, step=self.rl_step)
-        metrics = held_out.metrics
-        for logger in self.trainer.loggers:  # every logger: `trainer.logger` is only the first of several
-            logger.log_metrics(metrics, step=self.rl_step)
-            logger.save()
-        print(evaluation.summary_line(label, plan.episodes, metrics, plan.greedy), flush=True)
-        evaluation.tell_callbacks(self.trainer, self, held_out)  # e.g. TrajectoryLogger traces the episodes
+        metrics = held_out.metrics | peak_rise_metrics(self.peak_rise, evaluation=True)
+        evaluation.publish(self.trainer, self, held_out, metrics, plan)
         self.last_eval = metrics
         return metrics
 
@@ -407,6 +406,7 @@ class AgentRLModule(pl.LightningModule, RunView):
         end = time.perf_counter()
         costs["engine_busy_seconds"] = self.session.activity.busy(start, end)
         metrics.update(self._batch_metrics)
+        metrics.update(peak_rise_metrics(self.peak_rise))
         metrics.update(step_perf_metrics(costs, end - start, self.policy_version,
                                          mfu=lambda seconds: update_mfu(self.policy, self.critic, costs, seconds,
                                                                         self.peak_flops)))

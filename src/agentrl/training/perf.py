@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from agentrl.models.memory import resident_mib
+from agentrl.models.memory import PeakRise, resident_mib
 
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 2048, reps: int = 3) -> float:
@@ -51,6 +51,22 @@ def update_mfu(policy: Any, critic: Any, costs: Mapping[str, float], train_secon
     if not peak_flops:
         return None
     return train_flops(policy, critic, costs["train_tokens"], costs["scored_tokens"]) / train_seconds / peak_flops
+
+
+STEP_PHASES = ("collecting", "scoring", "updating", "between")  # the phases a training step charges
+
+
+def peak_rise_metrics(account: PeakRise, *, evaluation: bool = False) -> dict[str, float]:
+    """What each phase raised the process's peak RSS by since it was last logged (`PeakRise`), MiB:
+    ``perf/<phase>_peak_rise_mib`` for a training step's phases (``between``: outside any phase — the weight push,
+    the memory hand-offs around the update, a checkpoint), ``eval/peak_rise_mib`` and the peak after it
+    (``eval/peak_rss_mib``) for an evaluation. Nothing without procfs."""
+    memory = resident_mib()
+    if memory is None:
+        return {}
+    if evaluation:
+        return {"eval/peak_rise_mib": account.take("evaluating")["evaluating"], "eval/peak_rss_mib": memory[1]}
+    return {f"perf/{phase}_peak_rise_mib": mib for phase, mib in account.take(*STEP_PHASES).items()}
 
 
 def step_perf_metrics(stats: Mapping[str, float], seconds: float, policy_version: int, *,
