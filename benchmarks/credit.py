@@ -111,12 +111,13 @@ def load_trained(path: Path, model: str) -> tuple[Policy, TurnCritic | None]:
         raise SystemExit(f"--checkpoint {path}: not a readable agentrl checkpoint ({err})") from None
     policy = Policy(model, compute_dtype="float32")
     policy.load_state_dict({k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")})
+    policy.eval()
     own = {k.removeprefix("critic."): v for k, v in state.items() if k.startswith("critic.")}
     if not own:
         return policy, None
     critic = TurnCritic(policy, shared_backbone=not any(k.startswith("backbone.") for k in own))
     critic.load_state_dict(own)
-    return policy.eval(), critic.eval()
+    return policy, critic.eval()
 
 
 class CriticScorer:
@@ -262,6 +263,7 @@ def metrics(scored: Scored) -> dict[str, Any]:
     dec = [(a, bool(r)) for a, kind, r, _ in scored if kind == "decision"]
     dis = [a for a, kind, _, _ in scored if kind == "distractor"]
     allv = torch.tensor([a for a, _, _, _ in scored], dtype=torch.float64)
+    auc, pairs = within_cue_auc(scored)
     rho = None
     if len(dec) > 2 and len({r for _, r in dec}) > 1 and len({a for a, _ in dec}) > 1:
         rho = float(spearmanr([a for a, _ in dec], [float(r) for _, r in dec]).statistic)
@@ -269,7 +271,7 @@ def metrics(scored: Scored) -> dict[str, Any]:
         "decision_turns": len(dec), "distractor_turns": len(dis),
         "decision_right_rate": _mean([float(r) for _, r in dec]),
         "spearman": rho,
-        "within_cue_auc": within_cue_auc(scored)[0], "within_cue_pairs": within_cue_auc(scored)[1],
+        "within_cue_auc": auc, "within_cue_pairs": pairs,
         "sign_accuracy": _mean([float((a > 0) if r else (a < 0)) for a, r in dec]),
         "decision_mean_abs": _mean([abs(a) for a, _ in dec]),
         "distractor_mean_abs": _mean([abs(a) for a in dis]),
