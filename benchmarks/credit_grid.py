@@ -22,6 +22,11 @@ finished cells of every setting named and writes ``<out>/creditchain-grid/``:
 * ``contrasts.json`` (and a second table in ``table.md``): for a setting and its control (the same M, D and σ, the
   decisions last), each schedule's lead over GRPO with the delay minus its lead without, seed by seed
   (`order_contrasts`): the measure of whether turn-level credit is what helps.
+* A third table, **entropy collapse** (`collapse_update`): per cell, the update at which the policy's mean
+  token entropy (``train/entropy`` in the cell's ``metrics.csv``) first fell below ``ENTROPY_FLOOR``, beside its
+  final success, and per row how many collapsed seeds and how many others ended above the bar. A seed that
+  collapses early has stopped exploring; whether it collapsed onto the rule or onto a cue-blind reply is what its
+  final success against the bar says.
 * ``success_vs_d.png``: final held-out success against D for the decisions-first M = 1 settings, mean and min-max
   over seeds, one line per schedule, the bar dashed; the other settings (M = 3, the control, noise) as points.
 
@@ -34,6 +39,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
 import json
 import math
@@ -57,6 +63,7 @@ from agentrl.envs import CreditChainEnv
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_OFFSET = 1_000_000  # the datamodule's held-out seeds (`SeedTasks(offset=1_000_000)`)
+ENTROPY_FLOOR = 0.1  # nats a token: the warm-up policy starts at 0.31-0.36 on every CreditChain setting
 
 
 def setting_env(setting: str, **over: Any) -> CreditChainEnv:
@@ -85,6 +92,20 @@ def cue_blind_bar(env: CreditChainEnv, seeds: list[int]) -> float:
     for replies in itertools.product(env.words, repeat=env.decisions):
         best = max(best, statistics.fmean(list(replies) == r for r in right))
     return best
+
+
+def collapse_update(metrics: Path, below: float = ENTROPY_FLOOR) -> int | None:
+    """The first update (1-based: the logged ``step`` + 1) whose ``train/entropy`` is below ``below`` in a cell's
+    ``metrics.csv``, or None if none is (or the file is missing). Rows without the column (evaluations) are
+    skipped."""
+    if not metrics.exists():
+        return None
+    with metrics.open(newline="") as f:
+        for row in csv.DictReader(f):
+            x = row.get("train/entropy")
+            if x not in (None, "") and float(x) < below:
+                return int(float(row["step"])) + 1
+    return None
 
 
 def _stats(xs: list[float]) -> dict[str, float]:
@@ -131,6 +152,8 @@ def grid_rows(out: Path, settings: list[str], schedules: list[str], seeds: list[
                 "cpu_minutes": _stats([float(c["cpu_seconds"]) / 60 for c in cells]),
                 "versions": {str(v): versions[v] for v in sorted(versions)},
                 "per_seed": [[int(c["seed"]), cell_version(c), x] for c, x in zip(cells, final, strict=True)],
+                "collapse_update": [collapse_update(out / setting / schedule / f"seed{c['seed']}" / "metrics.csv")
+                                    for c in cells],
             })
         for r in rows:
             if r["setting"] == setting:
@@ -244,6 +267,17 @@ def _above_vs_grpo(r: dict[str, Any], grpo: dict[str, Any] | None) -> str:
     return f"{a}/{n_a} vs {b}/{n_b} (p = {fisher_p(a, n_a, b, n_b):.2f})"
 
 
+def collapse_line(r: dict[str, Any]) -> str:
+    """One row of the entropy-collapse table (see `collapse_update`)."""
+    cells = list(zip(r["per_seed"], r.get("collapse_update", [None] * len(r["per_seed"])), strict=True))
+    per_seed = ", ".join(f"s{k}: {'—' if u is None else u} → {x:.3f}" for (k, _, x), u in cells)
+    counts = []
+    for collapsed in (True, False):
+        finals = [x for (_, _, x), u in cells if (u is not None) == collapsed]
+        counts.append(f"{sum(x > r['cue_blind_bar'] for x in finals)} of {len(finals)}")
+    return f"| {r['setting']} | {r['schedule']} | {per_seed} | {counts[0]} | {counts[1]} |"
+
+
 def write(out: Path, rows: list[dict[str, Any]], name: str = "creditchain-grid") -> Path:
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
@@ -271,6 +305,12 @@ def write(out: Path, rows: list[dict[str, Any]], name: str = "creditchain-grid")
                   "first − last (± SE) | sign-flip p |", "|---|---|---|---|---|---|---|---|"]
         lines += [f"| {c['first']} | {c['last']} | {c['schedule']} | {len(c['seeds'])} | {c['lead_first']:+.3f} | "
                   f"{c['lead_last']:+.3f} | {c['mean']:+.3f} ± {c['se']:.3f} | {c['p']:.2f} |" for c in contrasts]
+    lines += ["", f"Entropy collapse (`collapse_update`): the update at which train/entropy first fell below "
+              f"{ENTROPY_FLOOR} nats a token, per seed (— never), with the seed's final success; then, of the seeds "
+              "that collapsed and of the others, how many ended above the bar:", "",
+              "| setting | schedule | per seed: collapsed at update → final | collapsed: above the bar | "
+              "not collapsed: above the bar |", "|---|---|---|---|---|"]
+    lines += [collapse_line(r) for r in rows]
     (folder / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from credit_grid import (
+    collapse_update,
     cue_blind_bar,
     fisher_p,
     fisher_power,
@@ -76,6 +77,26 @@ def test_rows_and_table_from_finished_cells(tmp_path: Path) -> None:
     table = (folder / "table.md").read_text()
     assert "| creditchain-d8 | grpo | 1e-05 | 3 |" in table and "0.750 ± 0.250 (0.500-1.000)" in table
     assert (folder / "success_vs_d.png").stat().st_size > 0
+
+
+def test_entropy_collapse_is_the_first_update_below_the_floor_and_splits_the_seeds(tmp_path: Path) -> None:
+    """Seed 0's entropy goes 0.30, (an evaluation row), 0.10 (not below 0.1), 0.09: it collapsed at the third update
+    (logged step 2); seed 1 never falls below; seed 2 has no metrics.csv. Finals 1.0, 0.5, 1.0 against the bar
+    (0.625 on these held-out seeds): collapsed 1 of 1 above it, the others 1 of 2."""
+    header = "eval/success,step,train/entropy\n"
+    metrics = {0: header + ",0,0.30\n0.5,1,\n,1,0.10\n,2,0.09\n,3,0.05\n", 1: header + ",0,0.30\n,1,0.12\n"}
+    for seed, final in enumerate([1.0, 0.5, 1.0]):
+        cell = tmp_path / "creditchain-d8" / "grpo" / f"seed{seed}"
+        cell.mkdir(parents=True)
+        (cell / "summary.json").write_text(json.dumps(summary(seed, 0.5, final, final)))
+        if seed in metrics:
+            (cell / "metrics.csv").write_text(metrics[seed])
+    assert collapse_update(tmp_path / "creditchain-d8" / "grpo" / "seed0" / "metrics.csv") == 3
+    assert collapse_update(tmp_path / "creditchain-d8" / "grpo" / "seed0" / "metrics.csv", below=0.3) == 2
+    (row,) = grid_rows(tmp_path, ["creditchain-d8"], ["grpo"], [0, 1, 2])
+    assert row["collapse_update"] == [3, None, None] and 0.5 < row["cue_blind_bar"] < 1.0
+    table = (write(tmp_path, [row]) / "table.md").read_text()
+    assert "| creditchain-d8 | grpo | s0: 3 → 1.000, s1: — → 0.500, s2: — → 1.000 | 1 of 1 | 1 of 2 |" in table
 
 
 def test_pairs_with_grpo_are_seed_by_seed_within_one_version_and_rules_keeps_one_version(tmp_path: Path) -> None:
