@@ -305,11 +305,8 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
             rc = None
     wall = time.perf_counter() - start
     cpu = _children_cpu() - cpu_start
-    last = scratch / "checkpoints" / "last.ckpt"
-    if args.keep_checkpoints is not None and rc == 0 and last.exists():  # the trained policy and critic, for
-        kept = args.keep_checkpoints / f"{name}.ckpt"                   # `benchmarks/credit.py --checkpoint`
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(last, kept)
+    kept = keep_checkpoint(scratch, args.keep_checkpoints, name) if rc == 0 else None
+    if kept is not None:
         print(f"[learning] {name}: final checkpoint kept as {kept}", flush=True)
     shutil.rmtree(scratch, ignore_errors=True)
     if rc != 0:
@@ -335,6 +332,19 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
           f"held-out success {summary['evals'][0]['success']:.3f} -> {fin['success']:.3f} "
           f"(greedy {fin['greedy_success']:.3f})", flush=True)
     return summary
+
+
+def keep_checkpoint(scratch: Path, keep: Path | None, name: str) -> Path | None:
+    """Move a finished cell's final checkpoint (``<scratch>/checkpoints/last.ckpt``: the trained policy and critic,
+    for `benchmarks/credit.py --checkpoint`) to ``<keep>/<name>.ckpt`` before the scratch folder is removed; None
+    when no folder is given or the run left no checkpoint."""
+    last = scratch / "checkpoints" / "last.ckpt"
+    if keep is None or not last.exists():
+        return None
+    kept = keep / f"{name}.ckpt"
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(last, kept)
+    return kept
 
 
 def code_version() -> str:

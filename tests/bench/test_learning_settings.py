@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from learning import env_name, env_setting, overrides
+from learning import env_name, env_setting, keep_checkpoint, overrides
 
 
 def test_a_setting_name_gives_the_config_and_the_env_knobs() -> None:
@@ -135,3 +135,15 @@ def test_a_cell_records_the_commit_it_ran_on(tmp_path: Path, monkeypatch: pytest
     assert learning.code_version().removesuffix("+dirty") == head
     monkeypatch.setattr(learning, "ROOT", tmp_path)  # not a git checkout
     assert learning.code_version() == "unknown"
+
+
+def test_keep_checkpoint_moves_the_final_checkpoint_out_of_the_scratch_folder(tmp_path: Path) -> None:
+    scratch, keep = tmp_path / "scratch", tmp_path / "keep"
+    assert keep_checkpoint(scratch, keep, "creditchain-d8/turn_ppo/seed0") is None  # no checkpoint: nothing kept
+    (scratch / "checkpoints").mkdir(parents=True)
+    (scratch / "checkpoints" / "last.ckpt").write_bytes(b"policy and critic")
+    assert keep_checkpoint(scratch, None, "creditchain-d8/turn_ppo/seed0") is None  # not asked: left in place
+    assert (scratch / "checkpoints" / "last.ckpt").exists()
+    kept = keep_checkpoint(scratch, keep, "creditchain-d8/turn_ppo/seed0")
+    assert kept == keep / "creditchain-d8" / "turn_ppo" / "seed0.ckpt"
+    assert kept.read_bytes() == b"policy and critic" and not (scratch / "checkpoints" / "last.ckpt").exists()
