@@ -213,3 +213,24 @@ def test_an_unreadable_checkpoint_is_one_line_naming_it_and_the_newest_loadable_
     resumed = _TinyModule()  # and the one it names resumes
     _trainer(folder, keep_steps=False, max_steps=3).fit(resumed, ckpt_path=str(folder / "step-000002.ckpt"))
     assert resumed.rl_step == 3
+
+
+def test_a_sharded_checkpoint_folder_is_swapped_in_whole_and_a_killed_swap_is_restored(tmp_path: Path) -> None:
+    """A sharded ``last.ckpt`` is a folder: `swap_folder` puts a finished new one in its place (the old one aside,
+    then removed); a kill between the two renames leaves ``last.ckpt.old`` alone, which `restore_swapped_folder`
+    puts back at start-up, and a killed write's ``last.ckpt.partial`` is removed (the old checkpoint is whole)."""
+    from agentrl.training.callbacks import restore_swapped_folder, swap_folder
+
+    last, new = tmp_path / "last.ckpt", tmp_path / "last.ckpt.partial"
+    last.mkdir()
+    (last / "shard.distcp").write_text("step 1")
+    new.mkdir()
+    (new / "shard.distcp").write_text("step 2")
+    swap_folder(new, last)
+    assert (last / "shard.distcp").read_text() == "step 2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    last.rename(tmp_path / "last.ckpt.old")  # killed between the renames
+    (tmp_path / "last.ckpt.partial").mkdir()  # and a write that never finished
+    restore_swapped_folder(last)
+    assert (last / "shard.distcp").read_text() == "step 2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]

@@ -8,6 +8,7 @@ count batches instead.
 from __future__ import annotations
 
 import logging
+import shutil
 import signal
 from pathlib import Path
 from types import FrameType
@@ -16,6 +17,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from agentrl.runview import run_view
@@ -28,6 +30,34 @@ def _rl_step(pl_module: pl.LightningModule, default: int) -> int:
     """The run's RL step (`agentrl.runview.RunView`), or ``default`` for a module that is not an agentrl run."""
     view = run_view(pl_module)
     return view.rl_step if view is not None else default
+
+
+def _aside(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)
+
+
+def swap_folder(new: Path, target: Path) -> None:
+    """Put the finished folder ``new`` in the place of ``target`` (a sharded checkpoint): the old one is renamed
+    aside, the new one renamed in, the old one removed. A kill at any point leaves a whole checkpoint: ``target``,
+    or ``target.old`` between the two renames (`restore_swapped_folder` puts it back)."""
+    old = _aside(target, ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        target.rename(old)
+    new.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def restore_swapped_folder(target: Path) -> None:
+    """At start-up: a ``target.old`` without ``target`` is a swap killed between its renames — put it back; a
+    ``target.partial`` is a sharded write that was killed — remove it (``target`` is whole)."""
+    old, partial = _aside(target, ".old"), _aside(target, ".partial")
+    if old.is_dir() and not target.exists():
+        old.rename(target)
+        log.warning("restored %s from %s, left by a checkpoint swap that was killed", target, old.name)
+    for stale in (old, partial):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 class RLCheckpoint(ModelCheckpoint):
@@ -56,6 +86,7 @@ class RLCheckpoint(ModelCheckpoint):
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's own CheckpointIO is left alone
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         if trainer.is_global_zero and self.dirpath is not None:
+            restore_swapped_folder(Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
             removed = remove_stale_partials(Path(self.dirpath))
             if removed:
                 log.warning("removed %d stale partial checkpoint file(s) in %s, left by a write that was killed: %s",
@@ -67,7 +98,18 @@ class RLCheckpoint(ModelCheckpoint):
         if self.keep_steps:
             trainer.save_checkpoint(str(folder / f"step-{step:06d}.ckpt"), weights_only=False)
         last = folder / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
-        trainer.save_checkpoint(str(last), weights_only=False)
+        if isinstance(trainer.strategy, ModelParallelStrategy):  # a folder of shards, written in place: write a
+            partial = _aside(last, ".partial")                      # new folder, then swap it in (`swap_folder`)
+            if trainer.is_global_zero:
+                shutil.rmtree(partial, ignore_errors=True)
+            trainer.strategy.barrier("agentrl-checkpoint-write")
+            trainer.save_checkpoint(str(partial), weights_only=False)
+            trainer.strategy.barrier("agentrl-checkpoint-written")
+            if trainer.is_global_zero:
+                swap_folder(partial, last)
+            trainer.strategy.barrier("agentrl-checkpoint-swapped")
+        else:
+            trainer.save_checkpoint(str(last), weights_only=False)
         self.last_model_path = str(last)
         return last
 
