@@ -85,12 +85,18 @@ def held_out_episodes(setting: str) -> int:
     return int(config["data"]["eval_episodes"])
 
 
-def cue_blind_bar(env: CreditChainEnv, seeds: list[int]) -> float:
-    """The best success over ``seeds`` of a reply that fixes one colour per decision position, blind to the cue."""
+def cue_blind_bar(env: CreditChainEnv, seeds: list[int], fraction: bool = False) -> float:
+    """The best success over ``seeds`` of a reply that fixes one colour per decision position, blind to the cue;
+    with ``fraction``, the best mean fraction of decisions right instead (the held-out reward; with M = 1 the
+    same number)."""
     right = [[env.right_reply(s, j) for j in range(env.decisions)] for s in seeds]
     best = 0.0
     for replies in itertools.product(env.words, repeat=env.decisions):
-        best = max(best, statistics.fmean(list(replies) == r for r in right))
+        if fraction:
+            score = statistics.fmean(statistics.fmean(a == b for a, b in zip(replies, r, strict=True)) for r in right)
+        else:
+            score = statistics.fmean(list(replies) == r for r in right)
+        best = max(best, score)
     return best
 
 
@@ -127,8 +133,11 @@ def grid_rows(out: Path, settings: list[str], schedules: list[str], seeds: list[
     rows = []
     for setting in settings:
         env = setting_env(setting)
-        bar = cue_blind_bar(env, [EVAL_OFFSET + i for i in range(held_out_episodes(setting))])
+        held_out = [EVAL_OFFSET + i for i in range(held_out_episodes(setting))]
+        bar = cue_blind_bar(env, held_out)
+        reward_bar = cue_blind_bar(env, held_out, fraction=True)
         finals: dict[str, dict[tuple[int, int], float]] = {}
+        rewards: dict[str, dict[tuple[int, int], float]] = {}
         for schedule in schedules:
             cells = []
             for k in seeds:
@@ -141,6 +150,8 @@ def grid_rows(out: Path, settings: list[str], schedules: list[str], seeds: list[
             base = [c["evals"][0]["success"] for c in cells]
             final = [c["evals"][-1]["success"] for c in cells]
             finals[schedule] = {(int(c["seed"]), cell_version(c)): x for c, x in zip(cells, final, strict=True)}
+            reward = [c["evals"][-1]["reward"] for c in cells]
+            rewards[schedule] = {(int(c["seed"]), cell_version(c)): x for c, x in zip(cells, reward, strict=True)}
             versions = Counter(cell_version(c) for c in cells)
             rows.append({
                 "setting": setting, "decisions": env.decisions, "distractors": env.distractors, "order": env.order,
@@ -154,10 +165,14 @@ def grid_rows(out: Path, settings: list[str], schedules: list[str], seeds: list[
                 "per_seed": [[int(c["seed"]), cell_version(c), x] for c, x in zip(cells, final, strict=True)],
                 "collapse_update": [collapse_update(out / setting / schedule / f"seed{c['seed']}" / "metrics.csv")
                                     for c in cells],
+                # the held-out reward: the fraction of decisions right (success asks for all M of them)
+                "reward_bar": reward_bar, "reward_base": _stats([c["evals"][0]["reward"] for c in cells]),
+                "reward_final": _stats(reward), "reward_above_bar": sum(x > reward_bar for x in reward),
             })
         for r in rows:
             if r["setting"] == setting:
                 r["vs_grpo"] = paired(finals.get(r["schedule"], {}), finals.get("grpo", {}))
+                r["reward_vs_grpo"] = paired(rewards.get(r["schedule"], {}), rewards.get("grpo", {}))
     return rows
 
 
@@ -253,8 +268,8 @@ def _versions(r: dict[str, Any]) -> str:
     return ", ".join(f"v{v}×{n}" for v, n in r.get("versions", {}).items())
 
 
-def _vs_grpo(r: dict[str, Any]) -> str:
-    p = r.get("vs_grpo")
+def _vs_grpo(r: dict[str, Any], key: str = "vs_grpo") -> str:
+    p = r.get(key)
     if r["schedule"] == "grpo" or p is None:
         return "—"
     return f"{p['mean']:+.3f} ± {p['se']:.3f} ({len(p['seeds'])}; p = {p['p']:.2f})"
@@ -311,6 +326,18 @@ def write(out: Path, rows: list[dict[str, Any]], name: str = "creditchain-grid")
               "| setting | schedule | per seed: collapsed at update → final | collapsed: above the bar | "
               "not collapsed: above the bar |", "|---|---|---|---|---|"]
     lines += [collapse_line(r) for r in rows]
+    several = [r for r in rows if r["decisions"] > 1]
+    if several:
+        lines += ["", "Decisions right where M > 1 (success asks for all M; the held-out reward is the fraction "
+                  "right, its cue-blind bar the best fraction a cue-blind reply gets):", "",
+                  "| setting | schedule | seeds | cue-blind bar | held-out reward base → final, mean ± sd (min-max) | "
+                  "seeds above the bar | final − GRPO's, paired by seed (± SE; seeds; sign-flip p) |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['setting']} | {r['schedule']} | {len(r['seeds'])} | {r['reward_bar']:.3f} | "
+                  f"{r['reward_base']['mean']:.3f} → {r['reward_final']['mean']:.3f} ± {r['reward_final']['sd']:.3f} "
+                  f"({r['reward_final']['min']:.3f}-{r['reward_final']['max']:.3f}) | "
+                  f"{r['reward_above_bar']} of {len(r['seeds'])} | {_vs_grpo(r, 'reward_vs_grpo')} |"
+                  for r in several]
     (folder / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     fig, ax = plt.subplots(figsize=(7, 4.5))

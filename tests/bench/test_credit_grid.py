@@ -50,10 +50,55 @@ def test_cue_blind_bar_on_three_decisions_is_the_commonest_right_sequence() -> N
     assert common / 40 < 0.5  # three decisions: a fixed reply sequence is right for few episodes
 
 
-def summary(seed: int, base: float, final: float, greedy: float) -> dict:  # type: ignore[type-arg]
+def sequences(env: CreditChainEnv, wanted: list[tuple[str, ...]]) -> list[int]:
+    """One seed (from 0 up, unused before) whose decisions' right colours are each of ``wanted`` in turn."""
+    out: list[int] = []
+    for seq in wanted:
+        out.append(next(s for s in range(10_000) if s not in out
+                        and tuple(env.right_reply(s, j) for j in range(env.decisions)) == seq))
+    return out
+
+
+def test_the_fraction_bar_on_three_decisions_by_hand() -> None:
+    env = CreditChainEnv(decisions=3, cues=4)
+    r, b = "red", "blue"
+    # right sequences rrr, rrb, rbb: the reply r r b is right 2 + 3 + 2 of 9 decisions, no reply more; a whole
+    # sequence matches one episode of three at best
+    seeds = sequences(env, [(r, r, r), (r, r, b), (r, b, b)])
+    assert cue_blind_bar(env, seeds, fraction=True) == pytest.approx(7 / 9)
+    assert cue_blind_bar(env, seeds) == pytest.approx(1 / 3)
+    # rrr against bbb: every position is right in exactly one of the two, whatever the reply
+    seeds = sequences(env, [(r, r, r), (b, b, b)])
+    assert cue_blind_bar(env, seeds, fraction=True) == pytest.approx(0.5)
+    assert cue_blind_bar(env, seeds) == pytest.approx(0.5)
+    one = CreditChainEnv(decisions=1, cues=4)  # with one decision the two bars are one number
+    seeds = seeds_with(one, ["red", "red", "blue"])
+    assert cue_blind_bar(one, seeds, fraction=True) == cue_blind_bar(one, seeds) == pytest.approx(2 / 3)
+
+
+def summary(seed: int, base: float, final: float, greedy: float,
+            reward: tuple[float, float] | None = None) -> dict:  # type: ignore[type-arg]
+    base_reward, final_reward = reward or (base, final)
     return {"seed": str(seed), "lr": 1e-05, "cpu_seconds": 120.0 * (seed + 1),
-            "evals": [{"tokens": 0, "success": base, "greedy_success": 0.0},
-                      {"tokens": 3000, "success": final, "greedy_success": greedy}]}
+            "evals": [{"tokens": 0, "success": base, "reward": base_reward, "greedy_success": 0.0},
+                      {"tokens": 3000, "success": final, "reward": final_reward, "greedy_success": greedy}]}
+
+
+def test_three_decisions_get_the_decisions_right_table_paired_with_grpo(tmp_path: Path) -> None:
+    for schedule, rewards in (("grpo", [0.5, 0.6, 0.7]), ("rtpo", [0.8, 0.6, 0.9])):
+        for seed, final in enumerate(rewards):
+            cell = tmp_path / "creditchain-m3-d4" / schedule / f"seed{seed}"
+            cell.mkdir(parents=True)
+            (cell / "summary.json").write_text(json.dumps(summary(seed, 0.0, 0.125, 0.125, (0.4, final))))
+    rows = grid_rows(tmp_path, ["creditchain-m3-d4"], ["grpo", "rtpo"], [0, 1, 2])
+    rtpo = next(r for r in rows if r["schedule"] == "rtpo")
+    assert rtpo["reward_final"]["mean"] == pytest.approx(2.3 / 3)
+    assert rtpo["reward_vs_grpo"]["mean"] == pytest.approx((0.3 + 0.0 + 0.2) / 3)
+    assert rtpo["reward_above_bar"] == sum(x > rtpo["reward_bar"] for x in (0.8, 0.6, 0.9))
+    assert 0.5 < rtpo["reward_bar"] < 0.7 and rtpo["cue_blind_bar"] < 0.5
+    table = (write(tmp_path, rows) / "table.md").read_text()
+    assert "Decisions right where M > 1" in table and "| creditchain-m3-d4 | rtpo | 3 |" in table
+    assert "0.400 → 0.767 ± 0.153 (0.600-0.900)" in table
 
 
 def test_rows_and_table_from_finished_cells(tmp_path: Path) -> None:
