@@ -27,6 +27,9 @@ finished cells of every setting named and writes ``<out>/creditchain-grid/``:
   final success, and per row how many collapsed seeds and how many others ended above the bar. A seed that
   collapses early has stopped exploring; whether it collapsed onto the rule or onto a cue-blind reply is what its
   final success against the bar says.
+* ``--ablation DIR`` compares cells run with one change (the same layout under DIR, for example other GAE
+  constants) with the grid's, seed by seed, against every schedule of the setting, and writes
+  ``DIR/comparison.md`` (`ablation_rows`).
 * ``success_vs_d.png``: final held-out success against D for the decisions-first M = 1 settings, mean and min-max
   over seeds, one line per schedule, the bar dashed; the other settings (M = 3, the control, noise) as points.
 
@@ -264,6 +267,49 @@ def order_contrasts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def ablation_rows(out: Path, ablation: Path, settings: list[str], schedules: list[str], seeds: list[int],
+                  rules: int | None = None) -> list[dict[str, Any]]:
+    """An ablation against the grid: the cells under ``ablation`` (the same ``<setting>/<schedule>/seed<k>`` layout,
+    run with one change, for example other GAE constants) beside the grid's cells under ``out``. One row per
+    (setting, schedule) of the ablation, with its own stats (`grid_rows`) and, for every schedule the grid has in
+    that setting, the paired difference ablation − grid cell, seed by seed within one version (``vs``: schedule →
+    `paired`, None with fewer than two pairs): against its own schedule it is the change's effect, against GRPO
+    and the others where it stands."""
+    grid = grid_rows(out, settings, list(SCHEDULES), seeds, rules)
+    rows = []
+    for r in grid_rows(ablation, settings, schedules, seeds, rules):
+        mine = {(k, v): x for k, v, x in r["per_seed"]}
+        r["vs"] = {g["schedule"]: paired(mine, {(k, v): x for k, v, x in g["per_seed"]})
+                   for g in grid if g["setting"] == r["setting"]}
+        r["grid_final"] = {g["schedule"]: g["final"] for g in grid if g["setting"] == r["setting"]}
+        rows.append(r)
+    return rows
+
+
+def write_ablation(ablation: Path, rows: list[dict[str, Any]]) -> Path:
+    """``<ablation>/comparison.md`` and ``comparison.json`` from `ablation_rows`."""
+    (ablation / "comparison.json").write_text(json.dumps(rows, indent=1))
+    lines = [f"Ablation `{ablation.name}` against the grid, final held-out success paired by seed "
+             "(ablation − grid cell; ± SE; seeds; sign-flip p):", "",
+             "| setting | schedule | seeds | cue-blind bar | ablation base → final, mean ± sd (min-max) | "
+             "seeds above the bar | against | grid cell's final | ablation − it |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        f = r["final"]
+        head = (f"| {r['setting']} | {r['schedule']} | {len(r['seeds'])} | {r['cue_blind_bar']:.3f} | "
+                f"{r['base']['mean']:.3f} → {f['mean']:.3f} ± {f['sd']:.3f} ({f['min']:.3f}-{f['max']:.3f}) | "
+                f"{r['above_bar']} of {len(r['seeds'])} |")
+        others = sorted(r["vs"], key=lambda s: (s != r["schedule"], s))
+        for i, s in enumerate(others):
+            p, g = r["vs"][s], r["grid_final"][s]
+            diff = "—" if p is None else f"{p['mean']:+.3f} ± {p['se']:.3f} ({len(p['seeds'])}; p = {p['p']:.2f})"
+            lead = head if i == 0 else "| | | | | | |"
+            lines.append(f"{lead} {s} | {g['mean']:.3f} ± {g['sd']:.3f} | {diff} |")
+    (ablation / "comparison.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    return ablation / "comparison.md"
+
+
 def _versions(r: dict[str, Any]) -> str:
     return ", ".join(f"v{v}×{n}" for v, n in r.get("versions", {}).items())
 
@@ -381,7 +427,17 @@ def main(argv: list[str] | None = None) -> int:
                         "<out>/creditchain-grid-v<rules>/ (default: every cell, to <out>/creditchain-grid/)")
     p.add_argument("--power", nargs=2, type=float, metavar=("PA", "PB"),
                    help="print the seeds a cell needed to tell above-bar rates PA and PB apart, and stop")
+    p.add_argument("--ablation", type=Path,
+                   help="compare the cells under this folder (same layout, one change) with the grid's under --out, "
+                        "seed by seed, and write <ablation>/comparison.md instead of the grid")
     args = p.parse_args(argv)
+    if args.ablation:
+        rows = ablation_rows(args.out, args.ablation, args.settings, args.schedules, args.seeds, args.rules)
+        if not rows:
+            print(f"[credit_grid] no finished cells under {args.ablation} for {args.settings}")
+            return 1
+        write_ablation(args.ablation, rows)
+        return 0
     if args.power:
         pa, pb = args.power
         n = seeds_for_power(pa, pb)

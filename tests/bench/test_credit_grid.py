@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from collections import Counter
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from credit_grid import (
+    ablation_rows,
     collapse_update,
     cue_blind_bar,
     fisher_p,
@@ -22,6 +24,7 @@ from credit_grid import (
     setting_env,
     sign_flip_p,
     write,
+    write_ablation,
 )
 
 from agentrl.envs import CreditChainEnv
@@ -185,6 +188,36 @@ def test_the_delay_contrast_is_each_seeds_lead_over_grpo_first_minus_last(tmp_pa
     assert c["p"] == 1.0  # contrasts (0.5, 0.0): every sign flip gives |sum| 0.5
     assert "| creditchain-d8 | creditchain-d8-last | turn_ppo | 2 | +0.375 | +0.125 | +0.250 ± 0.250 | 1.00 |" in (
         write(tmp_path, rows) / "table.md").read_text()
+
+
+def test_an_ablation_pairs_each_seed_with_the_grid_cells_of_its_setting(tmp_path: Path) -> None:
+    """Turn-PPO with one change at seeds 0-2 finals 0.75, 1.0, 0.5 against the grid's Turn-PPO 0.5, 0.5, 0.75
+    (differences 0.25, 0.5, -0.25: mean 1/6, sd 0.382, SE 0.220; of the 8 sign flips only the two that give 0
+    fall short of |sum| 0.5: p = 6/8) and GRPO
+    0.5, 0.75 at seeds 0-1 (differences 0.25, 0.25: mean 0.25, sd 0); seed 3 of the ablation has no grid cell."""
+    grid, abl = tmp_path / "grid", tmp_path / "abl"
+    finals = {(grid, "turn_ppo"): [0.5, 0.5, 0.75], (grid, "grpo"): [0.5, 0.75],
+              (abl, "turn_ppo"): [0.75, 1.0, 0.5, 1.0]}
+    for (root, schedule), values in finals.items():
+        for seed, final in enumerate(values):
+            cell = root / "creditchain-d8" / schedule / f"seed{seed}"
+            cell.mkdir(parents=True)
+            (cell / "summary.json").write_text(json.dumps(summary(seed, 0.5, final, final)))
+    for seed in range(3):  # another setting's cells are no pair for a D = 8 ablation
+        for schedule in ("turn_ppo", "rtpo"):
+            cell = grid / "creditchain" / schedule / f"seed{seed}"
+            cell.mkdir(parents=True)
+            (cell / "summary.json").write_text(json.dumps(summary(seed, 0.5, final, final)))
+    (r,) = ablation_rows(grid, abl, ["creditchain-d8", "creditchain"], ["turn_ppo"], [0, 1, 2, 3])
+    assert r["seeds"] == [0, 1, 2, 3] and r["final"]["mean"] == pytest.approx(0.8125)
+    own, vs_grpo = r["vs"]["turn_ppo"], r["vs"]["grpo"]
+    assert own["seeds"] == [0, 1, 2] and own["mean"] == pytest.approx(1 / 6)
+    assert own["se"] == pytest.approx(statistics.stdev([0.25, 0.5, -0.25]) / 3**0.5) and own["p"] == 0.75
+    assert vs_grpo["seeds"] == [0, 1] and vs_grpo["mean"] == pytest.approx(0.25) and vs_grpo["sd"] == 0.0
+    assert set(r["vs"]) == {"turn_ppo", "grpo"}  # the grid's schedules in this setting, nothing invented
+    table = write_ablation(abl, [r]).read_text()
+    assert "| turn_ppo | 0.583 ± 0.144 | +0.167 ± 0.220 (3; p = 0.75) |" in table
+    assert "| grpo | 0.625 ± 0.177 | +0.250 ± 0.000 (2; p = 0.50) |" in table
 
 
 def test_the_exact_tests_by_hand() -> None:
