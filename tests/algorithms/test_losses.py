@@ -15,6 +15,7 @@ from agentrl.algorithms import (
     ppo_policy_loss,
     token_log_ratio,
     token_mean,
+    turn_gae,
     turn_log_ratio,
     turn_mean,
 )
@@ -161,3 +162,21 @@ def test_explained_variance() -> None:
     assert_close(explained_variance(returns, returns, mask), torch.tensor(1.0))
     assert explained_variance(torch.zeros(1, 4), returns, mask).item() == pytest.approx(0.0)
     assert math.isnan(explained_variance(returns, torch.ones(1, 4), mask).item())
+
+
+def test_explained_variance_of_equal_returns_rebuilt_as_advantage_plus_value_is_undefined() -> None:
+    """γ = λ = 1, every episode's reward 1: each return is exactly 1, but computed as A + V in float32 it carries
+    rounding (~1e-7); the ratio is undefined (NaN), not the −5.7e13 that dividing by the rounding gives. A real
+    spread of 1e-3 still gives the hand value: V = R + 0.25e-3·(±1) has Var(R − V) = Var(R)/4 → 0.75."""
+    torch.manual_seed(0)
+    rewards = torch.zeros(8, 9)
+    rewards[:, -1] = 1.0
+    values = torch.rand(8, 9) * 0.7 + 0.1
+    mask = torch.ones(8, 9, dtype=torch.bool)
+    _, returns = turn_gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    assert 0 < float(returns.var()) < 1e-12  # the rounding is there
+    assert math.isnan(explained_variance(values, returns, mask).item())
+    returns = torch.tensor([[1.0, 1.001, 1.0, 1.001]])
+    values = returns + 0.00025 * torch.tensor([[1.0, -1.0, -1.0, 1.0]])
+    ev = explained_variance(values, returns, torch.ones(1, 4, dtype=torch.bool)).item()
+    assert ev == pytest.approx(0.75, abs=1e-3)

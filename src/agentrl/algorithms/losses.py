@@ -206,8 +206,16 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, *, clamp: float = 20.0) -> Ten
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
-    """``1 − Var(R − V) / Var(R)`` over masked positions; NaN when the returns have no variance."""
+    """``1 − Var(R − V) / Var(R)`` over masked positions; NaN when the returns have no variance.
+
+    "No variance" includes a spread no larger than the rounding of the returns' dtype at the size of the returns
+    and values (64 ulps): the schedules compute R = A + V, so a batch whose true returns are all equal (every
+    episode solved, γ = λ = 1) carries rounding of about 1e-7 × |V|, and dividing by that variance logged
+    −5.7e13 where the quantity is undefined.
+    """
     var_r = masked_var(returns, mask)
-    if float(var_r) == 0.0:
+    m = mask.bool()
+    scale = float(torch.maximum(returns[m].abs().max(), values[m].abs().max())) if bool(m.any()) else 0.0
+    if float(var_r) <= (64 * torch.finfo(returns.dtype).eps * scale) ** 2:
         return torch.tensor(float("nan"), device=values.device)
     return 1.0 - masked_var(returns - values, mask) / var_r
