@@ -235,13 +235,18 @@ def paired(a: dict[tuple[int, int], float], b: dict[tuple[int, int], float]) -> 
             "p": sign_flip_p(d)}
 
 
+def _finals(row: dict[str, Any]) -> dict[tuple[int, int], float]:
+    """A row's final success by (seed, version): the keys `paired` pairs on."""
+    return {(k, v): x for k, v, x in row["per_seed"]}
+
+
 def order_contrasts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The delay's effect on each schedule's lead over GRPO: for each pair of settings that differ only in order
     (the decisions first, the long delay; the decisions last, the control) and each schedule but GRPO, seed by seed
     (s − GRPO with the decisions first) − (s − GRPO with them last), over the (seed, version) pairs that all four
     cells have. Turn-level credit that helps with the delay shows as a positive mean; a lead that does not depend
     on it, as zero."""
-    finals = {(r["setting"], r["schedule"]): {(k, v): f for k, v, f in r["per_seed"]} for r in rows}
+    finals = {(r["setting"], r["schedule"]): _finals(r) for r in rows}
     settings = {(r["decisions"], r["distractors"], r["noise"], r["order"]): r["setting"] for r in rows}
     out = []
     for (m, d, noise, order), first in settings.items():
@@ -278,10 +283,9 @@ def ablation_rows(out: Path, ablation: Path, settings: list[str], schedules: lis
     grid = grid_rows(out, settings, list(SCHEDULES), seeds, rules)
     rows = []
     for r in grid_rows(ablation, settings, schedules, seeds, rules):
-        mine = {(k, v): x for k, v, x in r["per_seed"]}
-        r["vs"] = {g["schedule"]: paired(mine, {(k, v): x for k, v, x in g["per_seed"]})
-                   for g in grid if g["setting"] == r["setting"]}
-        r["grid_final"] = {g["schedule"]: g["final"] for g in grid if g["setting"] == r["setting"]}
+        same = [g for g in grid if g["setting"] == r["setting"]]
+        r["vs"] = {g["schedule"]: paired(_finals(r), _finals(g)) for g in same}
+        r["grid_final"] = {g["schedule"]: g["final"] for g in same}
         rows.append(r)
     return rows
 

@@ -193,8 +193,8 @@ def test_the_delay_contrast_is_each_seeds_lead_over_grpo_first_minus_last(tmp_pa
 def test_an_ablation_pairs_each_seed_with_the_grid_cells_of_its_setting(tmp_path: Path) -> None:
     """Turn-PPO with one change at seeds 0-2 finals 0.75, 1.0, 0.5 against the grid's Turn-PPO 0.5, 0.5, 0.75
     (differences 0.25, 0.5, -0.25: mean 1/6, sd 0.382, SE 0.220; of the 8 sign flips only the two that give 0
-    fall short of |sum| 0.5: p = 6/8) and GRPO
-    0.5, 0.75 at seeds 0-1 (differences 0.25, 0.25: mean 0.25, sd 0); seed 3 of the ablation has no grid cell."""
+    fall short of |sum| 0.5: p = 6/8) and GRPO 0.5, 0.75 at seeds 0-1 (differences 0.25, 0.25: mean 0.25, sd 0);
+    seed 3 of the ablation has no grid cell."""
     grid, abl = tmp_path / "grid", tmp_path / "abl"
     finals = {(grid, "turn_ppo"): [0.5, 0.5, 0.75], (grid, "grpo"): [0.5, 0.75],
               (abl, "turn_ppo"): [0.75, 1.0, 0.5, 1.0]}
@@ -207,7 +207,7 @@ def test_an_ablation_pairs_each_seed_with_the_grid_cells_of_its_setting(tmp_path
         for schedule in ("turn_ppo", "rtpo"):
             cell = grid / "creditchain" / schedule / f"seed{seed}"
             cell.mkdir(parents=True)
-            (cell / "summary.json").write_text(json.dumps(summary(seed, 0.5, final, final)))
+            (cell / "summary.json").write_text(json.dumps(summary(seed, 0.5, 1.0, 1.0)))
     (r,) = ablation_rows(grid, abl, ["creditchain-d8", "creditchain"], ["turn_ppo"], [0, 1, 2, 3])
     assert r["seeds"] == [0, 1, 2, 3] and r["final"]["mean"] == pytest.approx(0.8125)
     own, vs_grpo = r["vs"]["turn_ppo"], r["vs"]["grpo"]

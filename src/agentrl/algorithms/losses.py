@@ -210,7 +210,7 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
 
     "No variance" includes a spread no larger than the rounding of the returns' dtype at the size of the returns
     and values (64 ulps): the schedules compute R = A + V, so a batch whose true returns are all equal (every
-    episode solved, γ = λ = 1) carries rounding of about 1e-7 × |V|, and dividing by that variance logged
+    episode with the same reward, γ = λ = 1) carries rounding of about 1e-7 × |V|, and dividing by that variance logged
     −5.7e13 where the quantity is undefined.
     """
     var_r = masked_var(returns, mask)
