@@ -150,9 +150,14 @@ def cell_dir(out: Path, env: str, schedule: str, seed: int) -> Path:
     return out / env / schedule / f"seed{seed}"
 
 
-def overrides(env: str, schedule: str, seed: int, folder: Path, tracking_uri: str, scratch: Path) -> dict[str, Any]:
-    """The cell's own settings: its seed, its loggers (CSV into the cell folder, MLflow with tags), scratch."""
+def overrides(env: str, schedule: str, seed: int, folder: Path, tracking_uri: str, scratch: Path,
+              extra: list[str] | None = None) -> dict[str, Any]:
+    """The cell's own settings: its seed, its loggers (CSV into the cell folder, MLflow with tags), scratch. The
+    extra ``agentrl fit`` arguments are a tag too: an ablation's MLflow run (same env, schedule, seed and run name as
+    the grid's cell) then says what it changed."""
     tags = {"benchmark": "learning", "env": env, "schedule": schedule, "seed": str(seed)}
+    if extra:
+        tags["extra"] = " ".join(extra)
     base, knobs = env_setting(env)
     cell: dict[str, Any] = {
         "seed_everything": seed,
@@ -182,6 +187,14 @@ def _merged(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     for key, value in b.items():
         out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
+
+
+def scratch_folder(scratch: Path, out: Path, folder: Path) -> Path:
+    """A running cell's checkpoints: one folder per cell (sweep cells: per lr too), so runners can share the scratch
+    root, and per ``--out`` as well: an ablation's cell (``--out .../ablations/x``) has the grid cell's name
+    (``creditchain/turn_ppo/seed0``), and starting one wiped the other's checkpoints when both ran at once."""
+    key = hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:8]
+    return scratch / f"{out.name}-{key}" / folder.relative_to(out)
 
 
 def cell_folder(out: Path, env: str, schedule: str, seed: int, lr: float | None, sweep: bool) -> Path:
@@ -277,9 +290,9 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
     if folder.exists():  # a partial cell from an interrupted sitting, or one run at another lr: start it again
         shutil.rmtree(folder)  # (a committed earlier result stays in git history)
     folder.mkdir(parents=True)
-    scratch = args.scratch / folder.relative_to(args.out)  # per cell (sweep cells: per lr too), so runners can share
+    scratch = scratch_folder(args.scratch, args.out, folder)
     shutil.rmtree(scratch, ignore_errors=True)
-    cell = overrides(env, schedule, seed, folder, args.tracking_uri, scratch)
+    cell = overrides(env, schedule, seed, folder, args.tracking_uri, scratch, args.extra)
     if sweep:
         cell["data"].update(NO_EVAL)  # the choice never looks at the held-out games
     if lr is not None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from learning import env_name, env_setting, keep_checkpoint, overrides
+from learning import cell_folder, env_name, env_setting, keep_checkpoint, overrides, scratch_folder
 
 
 def test_a_setting_name_gives_the_config_and_the_env_knobs() -> None:
@@ -47,6 +47,22 @@ def test_cell_overrides_carry_the_knobs_and_rtpo_trains_every_depth_on_creditcha
     assert cell["model"]["algorithm"] == {"init_args": {"max_depth": None}}
     plain = overrides("frozenlake", "rtpo", 0, tmp_path, "sqlite:///x.db", tmp_path)
     assert "agent" not in plain["data"] and "algorithm" not in plain["model"]
+
+
+def test_an_ablation_cell_has_its_own_scratch_and_says_what_it_changed(tmp_path: Path) -> None:
+    grid, ablation = tmp_path / "learning", tmp_path / "learning" / "ablations" / "lam1"
+    cells = [cell_folder(out, "creditchain", "turn_ppo", 0, None, False) for out in (grid, ablation)]
+    assert cells[0].relative_to(grid) == cells[1].relative_to(ablation)  # the same cell name under both
+    scratches = {scratch_folder(tmp_path / "scratch", out, cell)
+                 for out, cell in zip((grid, ablation), cells, strict=True)}
+    assert len(scratches) == 2 and all(s.is_relative_to(tmp_path / "scratch") for s in scratches)
+    assert scratch_folder(tmp_path / "scratch", grid, cells[0]) in scratches  # the same --out: the same folder
+    extra = ["--model.algorithm.init_args.lam=1.0"]
+    tags = overrides("creditchain", "turn_ppo", 0, cells[1], "sqlite:///x.db", tmp_path, extra)[
+        "trainer"]["logger"][1]["init_args"]["tags"]
+    assert tags["extra"] == "--model.algorithm.init_args.lam=1.0"
+    plain = overrides("creditchain", "turn_ppo", 0, cells[0], "sqlite:///x.db", tmp_path)
+    assert "extra" not in plain["trainer"]["logger"][1]["init_args"]["tags"]
 
 
 @pytest.mark.parametrize("schedule", ["grpo", "turn_ppo", "token_ppo"])
