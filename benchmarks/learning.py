@@ -306,6 +306,7 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
            "--config", str(CONFIGS / "schedules" / f"{schedule}.yaml"), "--config", str(folder / "overrides.json"),
            *args.extra]
     print(f"[learning] {name}: running", flush=True)
+    code = code_version()  # the code the fit starts on: a commit or an edit landing while it runs is not its code
     start = time.perf_counter()
     cpu_start = _children_cpu()
     with open(folder / "log.txt", "w") as log:
@@ -331,7 +332,7 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
     summary["lr"] = lr if lr is not None else config_value(env, schedule, "model", "optim", "lr")
     summary["lr_source"] = source if lr is not None else "config"
     summary["rules"] = CELL_RULES
-    summary["code"] = code_version()
+    summary["code"] = code
     summary["settings"] = settings
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))
     if sweep:
@@ -363,7 +364,8 @@ def keep_checkpoint(scratch: Path, keep: Path | None, name: str) -> Path | None:
 def code_version() -> str:
     """The commit the cell ran on, with ``+dirty`` when ``src/`` or ``configs/`` had uncommitted changes (recorded
     in each ``summary.json`` as ``code``, so that cells from different code are never read as one grid);
-    ``unknown`` outside a git checkout."""
+    ``unknown`` outside a git checkout. `run_cell` reads it when the fit starts: read at the end (as until stop 57),
+    a commit landing mid-cell was recorded as the cell's code and an edit made mid-cell marked a clean run dirty."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, check=True).stdout.strip()

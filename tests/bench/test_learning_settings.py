@@ -153,6 +153,40 @@ def test_a_cell_records_the_commit_it_ran_on(tmp_path: Path, monkeypatch: pytest
     assert learning.code_version() == "unknown"
 
 
+def test_a_cell_records_the_code_its_fit_started_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An edit to ``src/`` landing while a cell's fit runs (the next change, made while cells run) is not the
+    cell's code: the summary records the clean commit the fit started on, not ``+dirty``."""
+    import learning
+
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "policy.py").write_text("LR = 1\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for step in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "clean"]):
+        subprocess.run(git + step, check=True)
+    monkeypatch.setattr(learning, "ROOT", repo)
+    clean = learning.code_version()
+    assert clean and not clean.endswith("+dirty")
+    real_run = subprocess.run
+
+    def fit_meanwhile_src_is_edited(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        if cmd[1:4] != ["-m", "agentrl", "fit"]:
+            return real_run(cmd, **kw)  # type: ignore[call-overload]
+        folder = Path(json.loads(Path(cmd[-1]).read_text())["trainer"]["logger"][0]["init_args"]["save_dir"])
+        (folder / "metrics.csv").write_text("step,perf/generated_tokens_total,eval/success,eval/greedy_success,"
+                                            "eval/generated_tokens\n0,,0.5,0.5,0\n0,100,,,\n1,,0.75,1.0,100\n")
+        (repo / "src" / "policy.py").write_text("LR = 2\n")  # the edit, made while the fit runs
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(learning.subprocess, "run", fit_meanwhile_src_is_edited)
+    args = argparse.Namespace(out=tmp_path / "out", extra=[], tracking_uri="sqlite:///x.db", scratch=tmp_path / "s",
+                              cell_timeout=60.0, keep_checkpoints=None, lr=None)
+    summary = learning.run_cell("creditchain", "grpo", 0, args)
+    assert summary is not None and summary["evals"][-1]["success"] == 0.75
+    assert learning.code_version() == clean + "+dirty"  # the edit is there now
+    assert summary["code"] == clean
+
+
 def test_keep_checkpoint_moves_the_final_checkpoint_out_of_the_scratch_folder(tmp_path: Path) -> None:
     scratch, keep = tmp_path / "scratch", tmp_path / "keep"
     assert keep_checkpoint(scratch, keep, "creditchain-d8/turn_ppo/seed0") is None  # no checkpoint: nothing kept
