@@ -189,12 +189,28 @@ def _merged(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def out_key(out: Path) -> str:
+    """A folder name for ``--out`` that two outs never share: ``<name>-<digest of its absolute path>``."""
+    return f"{out.name}-{hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:8]}"
+
+
 def scratch_folder(scratch: Path, out: Path, folder: Path) -> Path:
     """A running cell's checkpoints: one folder per cell (sweep cells: per lr too), so runners can share the scratch
     root, and per ``--out`` as well: an ablation's cell (``--out .../ablations/x``) has the grid cell's name
     (``creditchain/turn_ppo/seed0``), and starting one wiped the other's checkpoints when both ran at once."""
-    key = hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:8]
-    return scratch / f"{out.name}-{key}" / folder.relative_to(out)
+    return scratch / out_key(out) / folder.relative_to(out)
+
+
+def kept_name(out: Path, name: str) -> str:
+    """Where under ``--keep-checkpoints DIR`` a cell's final checkpoint goes: ``<name>`` for the grid's own cells
+    (``creditchain-d8/turn_ppo/seed0``), under the out's path within the grid for an ablation
+    (``ablations/turn-ppo-lam1/creditchain-d8/turn_ppo/seed0``), under `out_key` for an out elsewhere. By the cell's
+    name alone (as until stop 57), an ablation's checkpoint and its grid namesake's overwrote each other in one DIR."""
+    grid = (ROOT / "benchmarks" / "results" / "learning").resolve()
+    where = out.resolve()
+    if where == grid:
+        return name
+    return f"{where.relative_to(grid).as_posix() if where.is_relative_to(grid) else out_key(out)}/{name}"
 
 
 def cell_folder(out: Path, env: str, schedule: str, seed: int, lr: float | None, sweep: bool) -> Path:
@@ -319,7 +335,7 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
             rc = None
     wall = time.perf_counter() - start
     cpu = _children_cpu() - cpu_start
-    kept = keep_checkpoint(scratch, args.keep_checkpoints, name) if rc == 0 else None
+    kept = None if rc != 0 else keep_checkpoint(scratch, args.keep_checkpoints, kept_name(args.out, name))
     if kept is not None:
         print(f"[learning] {name}: final checkpoint kept as {kept}", flush=True)
     shutil.rmtree(scratch, ignore_errors=True)
@@ -435,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="checkpoints of running cells (deleted when a cell ends)")
     p.add_argument("--keep-checkpoints", type=Path, default=None, metavar="DIR",
                    help="keep each finished cell's final checkpoint as DIR/<env>/<schedule>/seed<k>.ckpt (for "
-                        "benchmarks/credit.py --checkpoint; checkpoints are not committed)")
+                        "benchmarks/credit.py --checkpoint; checkpoints are not committed); an ablation's (another "
+                        "--out) under DIR/<its path in the grid, or <name>-<digest>>/...")
     p.add_argument("--tracking-uri", default=f"sqlite:///{ROOT / 'mlflow.db'}")
     p.add_argument("--cell-timeout", type=float, default=900.0, help="seconds before a cell is stopped as failed")
     p.add_argument("--max-cells", type=int, default=None, help="run at most this many unfinished cells, then stop")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from learning import cell_folder, env_name, env_setting, keep_checkpoint, overrides, scratch_folder
+from learning import cell_folder, env_name, env_setting, keep_checkpoint, kept_name, overrides, scratch_folder
 
 
 def test_a_setting_name_gives_the_config_and_the_env_knobs() -> None:
@@ -197,3 +197,13 @@ def test_keep_checkpoint_moves_the_final_checkpoint_out_of_the_scratch_folder(tm
     kept = keep_checkpoint(scratch, keep, "creditchain-d8/turn_ppo/seed0")
     assert kept == keep / "creditchain-d8" / "turn_ppo" / "seed0.ckpt"
     assert kept.read_bytes() == b"policy and critic" and not (scratch / "checkpoints" / "last.ckpt").exists()
+
+
+def test_an_ablations_kept_checkpoint_does_not_overwrite_its_grid_namesakes(tmp_path: Path) -> None:
+    import learning
+
+    grid, name = learning.ROOT / "benchmarks" / "results" / "learning", "creditchain-d8/turn_ppo/seed0"
+    names = {kept_name(out, name) for out in (grid, grid / "ablations" / "lam1", tmp_path / "lam1", tmp_path / "b")}
+    assert kept_name(grid, name) == name  # the grid's own cells keep the documented layout
+    assert kept_name(grid / "ablations" / "lam1", name) == "ablations/lam1/" + name
+    assert len(names) == 4 and all(n.endswith(name) for n in names)
