@@ -15,7 +15,7 @@ import torch
 from agentrl.models.critic import TurnCritic
 from agentrl.training.batching import TurnTargets, collate, pack_rows
 from agentrl.training.rtpo import RTPO, _roll_up_depths
-from agentrl.training.schedules import GRPO, TurnPPO
+from agentrl.training.schedules import GRPO, TokenPPO, TurnPPO
 from agentrl.training.settings import OptimSettings, PPOSettings
 from agentrl.types import Trajectory
 from tests.training.exactness_run import _trajectory, fixed_schedule
@@ -219,3 +219,40 @@ def test_each_optimizer_step_is_sized_by_the_informative_samples_behind_it() -> 
     assert module.last_metrics["train/informative_samples"] == 3.0
     assert module.last_metrics["train/lr_scale"] == pytest.approx(1.5 / 12)  # the mean over the two steps
     assert module.trainer.optimizers[0].param_groups[0]["lr"] == 1e-3  # restored after each step
+
+
+@pytest.mark.parametrize("schedule", [TurnPPO, TokenPPO])
+def test_a_batch_with_one_return_is_left_unscaled_when_asked(schedule: type[TurnPPO] | type[TokenPPO]) -> None:
+    """Three episodes that all won (R = 1): R − V is the critic's error alone. Whitened (the default) it becomes
+    unit-sized noise around 0, so some equally good replies are pushed down; with ``whiten_equal_returns=False``
+    it stays R − V exactly (γ = λ = 1: the return minus the critic's value, at every turn or token). A batch whose
+    returns differ is whitened the same under both settings."""
+    trajs = [_trajectory(("one-return", k), 2, k) for k in range(3)]
+    results: dict[tuple[bool, bool], tuple[list[float], dict[str, float], list[float]]] = {}
+    for whiten_equal in (True, False):
+        chosen = schedule(whiten_equal_returns=whiten_equal)
+        module = make_module(chosen)
+        assert module.critic is not None
+        with torch.no_grad():  # a critic with an opinion: V differs from state to state
+            module.critic.head.weight.normal_(0.0, 0.5)
+        for vary in (False, True):
+            for k, t in enumerate(trajs):
+                t.turns[-1].reward = 0.0 if vary and k == 1 else 1.0
+            targets, stats = chosen.critic_targets(module, trajs)
+            values = module.values(trajs, [(b, n) for b in range(3) for n in range(2)])
+            adv = [a for b in range(3) for n in range(2) for a in _as_list(targets[(b, n)].advantage)]
+            raw = [trajs[b].turns[-1].reward - v for b in range(3) for n in range(2)
+                   for v in (values[(b, n)] if schedule is TokenPPO else values[(b, n)][:1])]
+            results[(whiten_equal, vary)] = (adv, stats, raw)
+    adv, stats, raw = results[(True, False)]
+    assert abs(sum(adv)) < 1e-5 and abs(float(torch.tensor(adv).std()) - 1.0) < 1e-4  # whitened critic error
+    assert "train/whitened" not in stats
+    adv, stats, raw = results[(False, False)]
+    assert adv == pytest.approx(raw, abs=1e-6) and stats["train/whitened"] == 0.0
+    assert max(abs(a) for a in adv) > 1e-3  # the critic's error is there, and not scaled up
+    assert results[(False, True)][0] == pytest.approx(results[(True, True)][0], abs=1e-6)
+    assert results[(False, True)][1]["train/whitened"] == 1.0
+
+
+def _as_list(x: float | list[float]) -> list[float]:
+    return x if isinstance(x, list) else [x]

@@ -125,6 +125,14 @@ def _whiten(learner: Learner, adv: torch.Tensor, mask: torch.Tensor, enabled: bo
     return whiten(adv, mask, moments=moments) if float(moments[2]) > 1 else adv
 
 
+def _returns_vary(learner: Learner, ok: list[Trajectory]) -> bool:
+    """Whether the episodes' returns (sum of rewards) differ anywhere in the batch, over *every rank's* episodes
+    (their moments are summed across ranks): every rank calls it, with or without episodes, and all agree."""
+    returns = torch.tensor([sum(t.turn_rewards()) for t in ok], dtype=torch.float64)
+    total, total_sq, n = learner.all_sum(masked_moments(returns)).tolist()
+    return n > 1 and total_sq - total * total / n > 1e-12 * max(total_sq, 1.0)
+
+
 def _check_discount(gamma: float, lam: float) -> None:
     if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
         raise ValueError(f"algorithm.gamma and algorithm.lam must be in [0, 1], got {gamma}, {lam}")
@@ -178,14 +186,27 @@ class CriticSchedule(GroupSchedule):
     needs_critic = True
 
     def __init__(self, gamma: float, lam: float, group_size: int, whiten_advantages: bool,
-                 ppo: PPOSettings | None, value_warmup_epochs: int = 0) -> None:
+                 ppo: PPOSettings | None, value_warmup_epochs: int = 0, whiten_equal_returns: bool = True) -> None:
         _check_discount(gamma, lam)
         if value_warmup_epochs < 0:
             raise ValueError(f"algorithm.value_warmup_epochs must be >= 0, got {value_warmup_epochs}")
         super().__init__(group_size, ppo)
         self.gamma, self.lam = gamma, lam
         self.whiten_advantages = whiten_advantages
+        self.whiten_equal_returns = whiten_equal_returns
         self.value_warmup_epochs = value_warmup_epochs
+
+    def _scale(self, learner: Learner, ok: list[Trajectory], adv: torch.Tensor,
+               mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """Whiten the advantages (`whiten_advantages`), except, with ``whiten_equal_returns: false``, in a batch
+        whose episodes all have the same return: there R − V is the critic's error alone, and whitening scales it
+        to unit variance around zero (half the batch's replies, all of them equally good, pushed down). Collective:
+        every rank calls it, with or without episodes."""
+        if not self.whiten_advantages or self.whiten_equal_returns:
+            return _whiten(learner, adv, mask, self.whiten_advantages), {}
+        if _returns_vary(learner, ok):
+            return _whiten(learner, adv, mask, True), {"train/whitened": 1.0}
+        return adv, {"train/whitened": 0.0}
 
     def targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
         stats = self._warm_up_values(learner, ok) if learner.rl_step == 0 and self.value_warmup_epochs else {}
@@ -221,7 +242,7 @@ class CriticSchedule(GroupSchedule):
         """No episodes on this rank: still take part in what is collective (scoring under sharded weights, and
         whitening)."""
         learner.values([], [])
-        _whiten(learner, torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.bool), self.whiten_advantages)
+        self._scale(learner, [], torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.bool))
         return {}, {}
 
 
@@ -239,11 +260,15 @@ class TurnPPO(CriticSchedule):
         ppo: Clipped-update settings.
         value_warmup_epochs: Critic-only epochs on the first batch's returns before the run's first policy update
             (0: none); the critic starts neutral (V = 0), so this is what makes the first advantages informed.
+        whiten_equal_returns: Whiten a batch whose episodes all have the same return too (true, the usual PPO
+            rule); false leaves its advantages R − V unscaled (the critic's error: small), where whitening makes
+            them unit-sized noise (docs/algorithms/update.md, "Batches with one return").
     """
 
     def __init__(self, gamma: float = 1.0, lam: float = 1.0, group_size: int = 1, whiten_advantages: bool = True,
-                 ppo: PPOSettings | None = None, value_warmup_epochs: int = 0) -> None:
-        super().__init__(gamma, lam, group_size, whiten_advantages, ppo, value_warmup_epochs)
+                 ppo: PPOSettings | None = None, value_warmup_epochs: int = 0,
+                 whiten_equal_returns: bool = True) -> None:
+        super().__init__(gamma, lam, group_size, whiten_advantages, ppo, value_warmup_epochs, whiten_equal_returns)
 
     def critic_targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
         """Advantages and returns from the critic's values *before* any policy update of this step."""
@@ -254,11 +279,11 @@ class TurnPPO(CriticSchedule):
             for n, r in enumerate(traj.turn_rewards()):
                 rewards[b, n], v[b, n], mask[b, n] = r, values[(b, n)][0], True
         adv, ret = turn_gae(rewards, v, mask, gamma=self.gamma, lam=self.lam)
-        adv = _whiten(learner, adv, mask, self.whiten_advantages)
+        adv, scaled = self._scale(learner, ok, adv, mask)
         targets = {(b, n): TurnTargets(float(adv[b, n]), float(ret[b, n]), float(v[b, n]))
                    for b, traj in enumerate(ok) for n in range(traj.num_turns)}
         return targets, {"train/explained_variance": float(explained_variance(v, ret, mask)),
-                         "train/value_mean": float(v[mask].mean())}
+                         "train/value_mean": float(v[mask].mean())} | scaled
 
 
 class TokenPPO(CriticSchedule):
@@ -272,11 +297,13 @@ class TokenPPO(CriticSchedule):
         whiten_advantages: Normalise advantages over the batch's tokens.
         ppo: Clipped-update settings (default aggregation: global token mean).
         value_warmup_epochs: Critic-only epochs on the first batch's returns before the first policy update.
+        whiten_equal_returns: As Turn-PPO's: false leaves a batch with one return for all its episodes unscaled.
     """
 
     def __init__(self, gamma: float = 1.0, lam: float = 1.0, group_size: int = 1, whiten_advantages: bool = True,
-                 ppo: PPOSettings | None = None, value_warmup_epochs: int = 0) -> None:
-        super().__init__(gamma, lam, group_size, whiten_advantages, ppo, value_warmup_epochs)
+                 ppo: PPOSettings | None = None, value_warmup_epochs: int = 0,
+                 whiten_equal_returns: bool = True) -> None:
+        super().__init__(gamma, lam, group_size, whiten_advantages, ppo, value_warmup_epochs, whiten_equal_returns)
 
     def _warmup_target(self, ret: float, n_tokens: int) -> TurnTargets:
         # a value per response token: the turn's return-to-go at each (the reward comes at the turn's last token)
@@ -301,7 +328,7 @@ class TokenPPO(CriticSchedule):
                     rewards[b, pos + n - 1] = r
                 pos += n
         adv, ret = token_gae(rewards, v, mask, gamma=self.gamma, lam=self.lam)
-        adv = _whiten(learner, adv, mask, self.whiten_advantages)
+        adv, scaled = self._scale(learner, ok, adv, mask)
         targets = {}
         for b, traj in enumerate(ok):
             pos = 0
@@ -311,4 +338,4 @@ class TokenPPO(CriticSchedule):
                                                        per_token_values=True)
                 pos = s.stop
         return targets, {"train/explained_variance": float(explained_variance(v, ret, mask)),
-                         "train/value_mean": float(v[mask].mean())}
+                         "train/value_mean": float(v[mask].mean())} | scaled
