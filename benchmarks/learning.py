@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import hashlib
 import json
 import os
@@ -144,6 +145,30 @@ def ensure_warmup(env: str, out: Path) -> None:
                        check=True, cwd=ROOT)
     (out / env).mkdir(parents=True, exist_ok=True)
     shutil.copyfile(folder / "warmup.json", out / env / "warmup.json")
+
+
+def warmup_digest(env: str) -> str | None:
+    """The warm-up model a cell of ``env`` starts from: a digest of its weights file (None for an env without one,
+    or before it is made). Recorded in each ``summary.json`` (``warmup``): the folder is made on each machine, and
+    one made with another thread count has weights that differ in the last bits (stop 57: losses equal to 6
+    decimals), so the setting's ``warmup.json`` alone cannot say which one a committed cell used."""
+    base, _ = env_setting(env)
+    if base not in WARMUPS:
+        return None
+    weights = WARMUPS[base][1] / "model.safetensors"
+    if not weights.exists():
+        return None
+    stat = weights.stat()
+    return _file_digest(str(weights), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()[:16]
 
 
 def cell_dir(out: Path, env: str, schedule: str, seed: int) -> Path:
@@ -323,6 +348,7 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
            *args.extra]
     print(f"[learning] {name}: running", flush=True)
     code = code_version()  # the code the fit starts on: a commit or an edit landing while it runs is not its code
+    warmup = warmup_digest(env)
     start = time.perf_counter()
     cpu_start = _children_cpu()
     with open(folder / "log.txt", "w") as log:
@@ -349,6 +375,8 @@ def run_cell(env: str, schedule: str, seed: int, args: argparse.Namespace, *, lr
     summary["lr_source"] = source if lr is not None else "config"
     summary["rules"] = CELL_RULES
     summary["code"] = code
+    if warmup is not None:
+        summary["warmup"] = warmup
     summary["settings"] = settings
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))
     if sweep:

@@ -155,8 +155,16 @@ def test_a_cell_records_the_commit_it_ran_on(tmp_path: Path, monkeypatch: pytest
 
 def test_a_cell_records_the_code_its_fit_started_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An edit to ``src/`` landing while a cell's fit runs (the next change, made while cells run) is not the
-    cell's code: the summary records the clean commit the fit started on, not ``+dirty``."""
+    cell's code: the summary records the clean commit the fit started on, not ``+dirty``; likewise the warm-up
+    model's weights it started from, made again (another machine's bits) while it ran."""
     import learning
+
+    warm = tmp_path / "warmup"
+    warm.mkdir()
+    (warm / "model.safetensors").write_bytes(b"weights made with 2 threads")
+    monkeypatch.setitem(learning.WARMUPS, "creditchain", (["format_warmup.py"], warm, {}))
+    started_from = learning.warmup_digest("creditchain")
+    assert started_from is not None and learning.warmup_digest("guess") is None  # guess has no warm-up
 
     repo = tmp_path / "repo"
     (repo / "src").mkdir(parents=True)
@@ -176,6 +184,7 @@ def test_a_cell_records_the_code_its_fit_started_on(tmp_path: Path, monkeypatch:
         (folder / "metrics.csv").write_text("step,perf/generated_tokens_total,eval/success,eval/greedy_success,"
                                             "eval/generated_tokens\n0,,0.5,0.5,0\n0,100,,,\n1,,0.75,1.0,100\n")
         (repo / "src" / "policy.py").write_text("LR = 2\n")  # the edit, made while the fit runs
+        (warm / "model.safetensors").write_bytes(b"weights made with 1 thread")  # and a new warm-up
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(learning.subprocess, "run", fit_meanwhile_src_is_edited)
@@ -185,6 +194,7 @@ def test_a_cell_records_the_code_its_fit_started_on(tmp_path: Path, monkeypatch:
     assert summary is not None and summary["evals"][-1]["success"] == 0.75
     assert learning.code_version() == clean + "+dirty"  # the edit is there now
     assert summary["code"] == clean
+    assert summary["warmup"] == started_from != learning.warmup_digest("creditchain")
 
 
 def test_keep_checkpoint_moves_the_final_checkpoint_out_of_the_scratch_folder(tmp_path: Path) -> None:
