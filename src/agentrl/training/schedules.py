@@ -128,7 +128,7 @@ def _whiten(learner: Learner, adv: torch.Tensor, mask: torch.Tensor, enabled: bo
 def _returns_vary(learner: Learner, ok: list[Trajectory]) -> bool:
     """Whether the episodes' returns (sum of rewards) differ anywhere in the batch, over *every rank's* episodes
     (their moments are summed across ranks): every rank calls it, with or without episodes, and all agree."""
-    returns = torch.tensor([sum(t.turn_rewards()) for t in ok], dtype=torch.float64)
+    returns = torch.tensor([t.total_reward for t in ok], dtype=torch.float64)
     total, total_sq, n = learner.all_sum(masked_moments(returns)).tolist()
     return n > 1 and total_sq - total * total / n > 1e-12 * max(total_sq, 1.0)
 
