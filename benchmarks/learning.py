@@ -252,6 +252,16 @@ def reported_schedules(folder: Path, given: list[str]) -> list[str]:
     return [s for s in SCHEDULES if s in given or s in on_disk] + [s for s in given if s not in SCHEDULES]
 
 
+def reported_seeds(folder: Path, schedules: list[str], given: list[int]) -> list[int]:
+    """The seeds a setting's report covers: the ones asked for and every other one with a finished cell of a
+    reported schedule in ``folder``. Two runners on different seeds of one setting each used to end by writing
+    ``table.md`` and ``curves.png`` of their own seeds only, so the committed figures of a setting were partial
+    until someone reran ``--report`` with every seed by hand."""
+    names = [f.parent.name.removeprefix("seed") for s in schedules for f in (folder / s).glob("seed*/summary.json")]
+    on_disk = {int(k) for k in names if k.isdigit()}
+    return sorted(set(given) | on_disk)
+
+
 CELL_RULES = 2
 """The version of what a cell measures, recorded in each ``summary.json`` (``rules``; a summary without one is
 version 1). Bump it with a change to the training code, a config or the protocol that makes the committed cells
@@ -484,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tracking-uri", default=f"sqlite:///{ROOT / 'mlflow.db'}")
     p.add_argument("--cell-timeout", type=float, default=900.0, help="seconds before a cell is stopped as failed")
     p.add_argument("--max-cells", type=int, default=None, help="run at most this many unfinished cells, then stop")
-    p.add_argument("--report", action="store_true", help="only draw the curves and the table from finished cells")
+    p.add_argument("--report", action="store_true", help="only draw the curves and the table from finished cells "
+                   "(a report covers every finished seed of the setting, not only --seeds)")
     p.add_argument("extra", nargs="*", help="more `agentrl fit` arguments after --, e.g. "
                    "-- --model.policy.init_args.model tiny-random")
     args = p.parse_args(argv)
@@ -527,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
             report_sweep(args.out, env, shown, {s: [x for x in grids[s] if x is not None] if s in grids
                                                 else list(sweep_lrs(s)) for s in shown}, args.seeds, budget)
         else:
-            report(args.out, env, shown, args.seeds, TARGETS.get(env_setting(env)[0], 0.5))
+            seeds = reported_seeds(args.out / env, shown, args.seeds)
+            report(args.out, env, shown, seeds, TARGETS.get(env_setting(env)[0], 0.5))
     return 1 if failed else 0
 
 

@@ -217,3 +217,28 @@ def test_an_ablations_kept_checkpoint_does_not_overwrite_its_grid_namesakes(tmp_
     assert kept_name(grid, name) == name  # the grid's own cells keep the documented layout
     assert kept_name(grid / "ablations" / "lam1", name) == "ablations/lam1/" + name
     assert len(names) == 4 and all(n.endswith(name) for n in names)
+
+
+def _cell(seed: int, final: float) -> dict:  # type: ignore[type-arg]
+    evals = [{"tokens": 0, "success": 0.5, "greedy_success": 0.5}, {"tokens": 3000, "success": final,
+                                                                      "greedy_success": final}]
+    return {"seed": seed, "evals": evals, "train": [{"tokens": 3000, "success": final}], "wall_seconds": 60.0,
+            "cpu_seconds": 60.0, "steps": 4, "generated_tokens": 3000}
+
+
+def test_a_report_covers_every_finished_seed_not_only_the_runners_own(tmp_path: Path) -> None:
+    """Two runners on seeds 0-1 and 2-4 of one setting each ended by writing the setting's table of their own seeds:
+    the table left behind was whichever finished last, partial."""
+    from learning import main, reported_seeds
+
+    for schedule, seeds in (("grpo", (0, 1, 2, 3, 4)), ("rtpo", (0, 7))):
+        for k in seeds:
+            (tmp_path / "guess" / schedule / f"seed{k}").mkdir(parents=True)
+            (tmp_path / "guess" / schedule / f"seed{k}" / "summary.json").write_text(json.dumps(_cell(k, 0.25 * k)))
+    (tmp_path / "guess" / "grpo" / "seed9").mkdir()  # an unfinished cell: no summary.json
+    assert reported_seeds(tmp_path / "guess", ["grpo"], [0, 1]) == [0, 1, 2, 3, 4]
+    assert reported_seeds(tmp_path / "guess", ["grpo", "rtpo"], [5]) == [0, 1, 2, 3, 4, 5, 7]
+    assert main(["--env", "guess", "--schedules", "grpo", "--seeds", "0", "1", "--report", "--out", str(tmp_path)]) == 0
+    rows = {r["schedule"]: r for r in json.loads((tmp_path / "guess" / "table.json").read_text())}
+    assert rows["grpo"]["seeds"] == [0, 1, 2, 3, 4] and rows["rtpo"]["seeds"] == [0, 7]
+    assert rows["grpo"]["final_success"][0] == pytest.approx(0.5)  # (0 + 0.25 + 0.5 + 0.75 + 1) / 5
