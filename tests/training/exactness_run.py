@@ -198,6 +198,8 @@ def main() -> None:
             run(name, args.devices, args.strategy, False, Path(f"{args.out}.{name}.pt"))
         for name in MISMATCH_SCHEDULES:
             run(name, args.devices, args.strategy, False, Path(f"{args.out}.{name}.mismatch.pt"), mismatch=True)
+        # whiten_equal_returns=false: returns equal on rank 1, different only across the ranks
+        run("turn_ppo", args.devices, args.strategy, False, Path(f"{args.out}.turn_ppo.rawequal.pt"), rawequal=True)
         for name in SHARED_SCHEDULES:  # episodes with common contexts: separate rows, then shared-prefix rows
             run(name, args.devices, args.strategy, False, Path(f"{args.out}.{name}.contexts.pt"), contexts=True)
             run(name, args.devices, args.strategy, False, Path(f"{args.out}.{name}.shared.pt"), contexts=True,
@@ -207,13 +209,17 @@ def main() -> None:
 
 
 def run(name: str, devices: int, strategy: str, rollouts: bool, out: Path, *, mismatch: bool = False,
-        contexts: bool = False, shared: bool = False) -> None:
+        contexts: bool = False, shared: bool = False, rawequal: bool = False) -> None:
     """``contexts``: a group's (RTPO: a trunk's siblings') episodes share their contexts; ``shared``: rows with one
-    context forwarded as shared-prefix rows (`model.share_prefixes`)."""
+    context forwarded as shared-prefix rows (`model.share_prefixes`). ``rawequal``: ``whiten_equal_returns=False``
+    with group 0's return 1 and the others' 0, so on two ranks rank 0 holds one return and rank 1 three equal ones:
+    only the ranks together see that the returns differ (and whiten, as one process does)."""
     rank, world = int(os.environ.get("LOCAL_RANK", "0")), devices
     kw: dict[str, Any] = {"ppo": PPOSettings(epochs=2, recompute_old_logprobs=True if mismatch else None)}
     if name in ("grpo", "rtpo"):
         kw["group_size"] = 3
+    if rawequal:
+        kw["whiten_equal_returns"] = False
     if rollouts:
         schedule = SCHEDULES[name](**kw)
         data = guess_data(batch_size=6, steps=1)
@@ -224,6 +230,9 @@ def run(name: str, devices: int, strategy: str, rollouts: bool, out: Path, *, mi
             batches = [[t for g in mine for t in g[i]] for i in range(4)]
         else:
             groups = _groups(name, contexts)
+            for g, group in enumerate(groups if rawequal else []):
+                for traj in group:
+                    traj.turns[-1].reward = 1.0 if g == 0 else 0.0
             mine = groups[:1] if (world == 2 and rank == 0) else groups[1:] if world == 2 else groups
             batches = [[t for g in mine for t in g]]
         schedule = fixed_schedule(SCHEDULES[name], batches, **kw)

@@ -45,7 +45,8 @@ def _updates(tmp_path: Path, devices: int, strategy: str, schedule: str) -> dict
         _run(tmp_path, "--schedule", "all", "--devices", str(devices), "--strategy", strategy, "--out", str(out))
         _RUNS[key] = {name: torch.load(f"{out}.{name}.pt", weights_only=True)
                       for name in ("grpo", "turn_ppo", "token_ppo", "rtpo", "turn_ppo.mismatch", "rtpo.mismatch",
-                                   "grpo.contexts", "rtpo.contexts", "grpo.shared", "rtpo.shared")}
+                                   "grpo.contexts", "rtpo.contexts", "grpo.shared", "rtpo.shared",
+                                   "turn_ppo.rawequal")}
         strategy_class = {"one": "SingleDeviceStrategy", "ddp": "DDPStrategy", "fsdp": "ModelParallelStrategy"}
         for record in _RUNS[key].values():  # each run was made where it says: not one process standing in for two
             assert (record["world_size"], record["strategy"]) == (devices, strategy_class[key[1]])
@@ -119,6 +120,17 @@ def test_shared_prefixes_on_two_ranks_make_the_one_process_update(tmp_path: Path
     one, two = _one_process(tmp_path, f"{schedule}.contexts"), _updates(tmp_path, 2, strategy, f"{schedule}.shared")
     assert one["shared_batches"] == 0 and two["shared_batches"] > 0  # type: ignore[operator]
     _assert_same_update(one, two, {"grpo": 2, "rtpo": 6}[schedule])
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("exactness")
+def test_two_ranks_agree_that_returns_differ_only_across_them(tmp_path: Path) -> None:
+    """Turn-PPO with ``whiten_equal_returns: false``: rank 0 holds one episode (return 1), rank 1 three with return
+    0. Each rank alone sees one return and would leave its advantages unscaled; the batch's returns differ, so one
+    process whitens, and two ranks must decide from the moments of both (`_returns_vary` sums them)."""
+    one, two = _one_process(tmp_path, "turn_ppo.rawequal"), _updates(tmp_path, 2, "ddp", "turn_ppo.rawequal")
+    assert one["metrics"]["train/whitened"] == two["metrics"]["train/whitened"] == 1.0  # type: ignore[index]
+    _assert_same_update(one, two, 4)
 
 
 @pytest.mark.slow
