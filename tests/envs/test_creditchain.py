@@ -12,7 +12,7 @@ from torch.testing import assert_close
 
 from agentrl.agents.base import Task
 from agentrl.agents.env_agent import EnvAgent
-from agentrl.algorithms.advantages import grpo_advantages, sibling_advantages, turn_gae
+from agentrl.algorithms.advantages import grpo_advantages, sibling_advantages, token_gae, turn_gae
 from agentrl.collect.collector import Collector
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
@@ -216,6 +216,27 @@ def test_hand_credit_turn_gae_with_a_given_critic() -> None:
     #   R: δ2 = 0.2; δ1 = δ0 = 0.72 − 0.8 = −0.08; A1 = −0.08 + 0.45·0.2 = 0.01; A0 = −0.08 + 0.45·0.01 = −0.0755
     adv, _ = turn_gae(rewards[:1], torch.full((1, 3), 0.8), mask[:1], gamma=0.9, lam=0.5)
     assert_close(adv, torch.tensor([[-0.0755, 0.01, 0.2]]))
+
+
+def test_hand_credit_token_gae_on_the_decisions_tokens() -> None:
+    """Token-PPO's estimator on the same chain: replies of 2, 1 and 2 tokens (the decision's two first), each turn's
+    reward on its last token, as `TokenPPO` places it."""
+    rewards_r, rewards_w, _ = two_trajectories()
+    rewards = torch.zeros(2, 5)
+    for b, per_turn in enumerate((rewards_r, rewards_w)):
+        for last, r in zip((1, 2, 4), per_turn, strict=True):
+            rewards[b, last] = r
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    # critic V = 0.5 on every token, γ = 1, λ = 0.5: δ_t = 0 before the last token, δ_4 = r − 0.5 (R +0.5, W −0.5)
+    #   A_4 = ±0.5, A_3 = ±0.25, A_2 = ±0.125, A_1 = ±0.0625, A_0 = ±0.03125: the decision's tokens (0, 1) keep the
+    #   sign of the outcome, shrunk by λ per token — a turn of many tokens is discounted by all of them
+    adv, _ = token_gae(rewards, torch.full((2, 5), 0.5), mask, gamma=1.0, lam=0.5)
+    by_hand = torch.tensor([0.03125, 0.0625, 0.125, 0.25, 0.5])
+    assert_close(adv, torch.stack([by_hand, -by_hand]))
+    assert float(adv[0, :2].mean()) == pytest.approx(0.046875) and float(adv[1, :2].mean()) == pytest.approx(-0.046875)
+    # the neutral critic (V = 0) with γ = λ = 1, what benchmarks/credit.py scores: every token gets the return, 1 or 0
+    adv, _ = token_gae(rewards, torch.zeros(2, 5), mask, gamma=1.0, lam=1.0)
+    assert_close(adv, torch.tensor([[1.0] * 5, [0.0] * 5]))
 
 
 def test_hand_credit_rtpo_siblings_at_the_decision_and_distractor_depths() -> None:
