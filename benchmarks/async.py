@@ -44,12 +44,13 @@ from agentrl.engines.vllm import VLLMEngineSpec
 from agentrl.envs import GuessNumberEnv
 from agentrl.models.policy import LoRASettings, Policy
 from agentrl.models.precision import cpu_identity
-from agentrl.training.batching import TurnKey, TurnTargets
-from agentrl.training.datamodule import RolloutDataModule
-from agentrl.training.module import AgentRLModule
-from agentrl.training.rtpo import RTPO
-from agentrl.training.schedules import GRPO, Schedule
-from agentrl.training.settings import OptimSettings, PPOSettings
+from agentrl.training.rollout.datamodule import RolloutDataModule
+from agentrl.training.schedules.base import Schedule
+from agentrl.training.schedules.grpo import GRPO
+from agentrl.training.schedules.rtpo import RTPO
+from agentrl.training.system.module import AgentRLModule
+from agentrl.training.update.batching import TurnKey, TurnTargets
+from agentrl.training.update.settings import OptimSettings, PPOSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 LORA = LoRASettings(r=8, alpha=16, target_modules=["q_proj", "v_proj"])

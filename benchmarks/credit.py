@@ -3,7 +3,7 @@
 Rollouts of a *fixed* policy (SmolLM2-135M-Instruct as shipped, through the embedded `HFEngine` and the real
 `Collector` / `EnvAgent`) on `CreditChainEnv`; then each schedule's per-turn advantage is computed from the
 project's own estimators and schedule settings (``agentrl.algorithms.advantages``, the defaults of
-``agentrl.training.schedules.TurnPPO`` / ``TokenPPO``) and scored against the environment's ground truth:
+``agentrl.training.schedules.turn_ppo.TurnPPO`` / ``TokenPPO``) and scored against the environment's ground truth:
 
 * decision turns: Spearman correlation between the advantage and "the reply was right" (0/1), the sign
   accuracy (A > 0 for a right reply, A < 0 for a wrong one; A = 0 counts as a miss), and the **within-cue AUC**
@@ -84,9 +84,10 @@ from agentrl.envs import CreditChainEnv
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
 from agentrl.models.precision import cpu_identity
-from agentrl.training.batching import TurnKey, keys_of
-from agentrl.training.rowplan import RowPlan
-from agentrl.training.schedules import TokenPPO, TurnPPO
+from agentrl.training.schedules.token_ppo import TokenPPO
+from agentrl.training.schedules.turn_ppo import TurnPPO
+from agentrl.training.update.batching import TurnKey, keys_of
+from agentrl.training.update.rowplan import RowPlan
 from agentrl.types import Trajectory
 
 SCHEDULES = ("rtpo", "turn_ppo", "grpo", "token_ppo")

@@ -8,7 +8,7 @@ GPU's memory is sampled with ``nvidia-smi`` every 0.2 s, and the per-step figure
 ``metrics.csv``. One JSON with everything (and the GPU's identity and a measured 8192³ bf16 matmul, the achievable
 peak beside the datasheet's) goes to ``--out``.
 
-MFU here is ``perf/mfu``: forward + backward FLOPs of the trained tokens (6 N per token, `agentrl.training.perf`)
+MFU here is ``perf/mfu``: forward + backward FLOPs of the trained tokens (6 N per token, `agentrl.training.system.perf`)
 over the update's wall time and the chip's peak. It leaves out the π_old recompute forward and the attention term,
 so it is a lower bound of the arithmetic the update does.
 
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from agentrl.training.perf import measure_peak_flops
+from agentrl.training.system.perf import measure_peak_flops
 
 # NVIDIA H200 SXM datasheet: 1,979 TFLOP/s bf16 Tensor Core *with sparsity*; dense is half of it
 H200_BF16_DENSE = 989.5e12

@@ -26,10 +26,13 @@ from agentrl.engines.base import SamplingParams
 from agentrl.envs import GuessNumberEnv
 from agentrl.models.policy import Policy
 from agentrl.models.precision import cpu_identity
-from agentrl.training.datamodule import RolloutDataModule
-from agentrl.training.module import AgentRLModule
-from agentrl.training.rtpo import RTPO
-from agentrl.training.schedules import GRPO, Schedule, TokenPPO, TurnPPO
+from agentrl.training.rollout.datamodule import RolloutDataModule
+from agentrl.training.schedules.base import Schedule
+from agentrl.training.schedules.grpo import GRPO
+from agentrl.training.schedules.rtpo import RTPO
+from agentrl.training.schedules.token_ppo import TokenPPO
+from agentrl.training.schedules.turn_ppo import TurnPPO
+from agentrl.training.system.module import AgentRLModule
 
 
 class Probe(pl.Callback):

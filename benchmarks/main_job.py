@@ -41,7 +41,7 @@ STEP_KEYS = ("perf/step_seconds", "perf/rollout_tokens_per_s", "perf/train_token
              "rollout/logprob_mismatch_kl", "rollout/recomputed_tokens", "train/approx_kl", "train/entropy",
              "perf/rss_mib", "perf/peak_rss_mib", "perf/collecting_peak_rise_mib", "perf/scoring_peak_rise_mib",
              "perf/updating_peak_rise_mib", "perf/between_peak_rise_mib")
-# the run's own lines that split its wall time (agentrl.training.progress, agentrl.training.evaluation)
+# the run's own lines that split its wall time (agentrl.training.command.progress, agentrl.training.system.evaluation)
 MARKS = {"base_eval_done": re.compile(r"^\[agentrl\] base evaluation"), "first_step": re.compile(r"^step\s+1/"),
          "last_step": re.compile(r"^step\s+(\d+)/\1\b"),
          "final_eval_done": re.compile(r"^\[agentrl\] final evaluation"), "done": re.compile(r"^\[agentrl\] done:")}

@@ -107,7 +107,7 @@ def run_one(config: str, extra: list[str]) -> dict[str, Any]:
     from agentrl import cli
     from agentrl.models import policy as policy_mod
     from agentrl.models.policy import Policy
-    from agentrl.training.module import AgentRLModule
+    from agentrl.training.system.module import AgentRLModule
 
     baseline = rss_mb()
     rec = Recorder()

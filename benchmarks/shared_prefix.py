@@ -33,11 +33,11 @@ from agentrl.agents.base import Task
 from agentrl.engines.base import SamplingParams
 from agentrl.models.policy import Policy
 from agentrl.models.precision import cpu_identity
-from agentrl.training.batching import TurnTargets
-from agentrl.training.datamodule import RolloutDataModule
-from agentrl.training.module import AgentRLModule
-from agentrl.training.schedules import Schedule
-from agentrl.training.settings import PPOSettings
+from agentrl.training.rollout.datamodule import RolloutDataModule
+from agentrl.training.schedules.base import Schedule
+from agentrl.training.system.module import AgentRLModule
+from agentrl.training.update.batching import TurnTargets
+from agentrl.training.update.settings import PPOSettings
 from agentrl.types import Trajectory, Turn
 
 

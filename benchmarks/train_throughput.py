@@ -5,7 +5,7 @@ trajectories (no rollouts) and times ``module.update`` — the trainer's own cod
 policy forward/backward with the LM head only on response tokens, the losses, gradient clipping, AdamW.
 
 MFU = model FLOPs (6 per non-embedding parameter per token, plus the LM head on scored tokens, see
-`agentrl.training.perf.train_flops`) / time / this CPU's peak matmul FLOP/s, measured in the same run.
+`agentrl.training.system.perf.train_flops`) / time / this CPU's peak matmul FLOP/s, measured in the same run.
 
 Usage::
 
@@ -29,12 +29,12 @@ from agentrl.agents.base import Outcome, Task
 from agentrl.engines.base import SamplingParams
 from agentrl.models.policy import LoRASettings, Policy
 from agentrl.models.precision import cpu_identity
-from agentrl.training.batching import TurnTargets
-from agentrl.training.datamodule import RolloutDataModule
-from agentrl.training.module import AgentRLModule
-from agentrl.training.perf import measure_peak_flops, train_flops
-from agentrl.training.schedules import Schedule
-from agentrl.training.settings import PPOSettings
+from agentrl.training.rollout.datamodule import RolloutDataModule
+from agentrl.training.schedules.base import Schedule
+from agentrl.training.system.module import AgentRLModule
+from agentrl.training.system.perf import measure_peak_flops, train_flops
+from agentrl.training.update.batching import TurnTargets
+from agentrl.training.update.settings import PPOSettings
 from agentrl.types import Trajectory, Turn
 
 

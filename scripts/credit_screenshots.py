@@ -40,8 +40,8 @@ def train(folder: Path) -> None:
 
     from agentrl.tracking import MLflowLogger
     from agentrl.tracking.review import TrajectoryLogger
-    from agentrl.training.rtpo import RTPO
-    from agentrl.training.schedules import TurnPPO
+    from agentrl.training.schedules.rtpo import RTPO
+    from agentrl.training.schedules.turn_ppo import TurnPPO
 
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     # the critic's warm-up gives the Turn-PPO turns non-zero values (a fresh critic says V = 0)

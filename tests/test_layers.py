@@ -216,14 +216,14 @@ def test_the_packages_beside_the_core_are_named_right() -> None:
 
 
 def test_the_checker_catches_upward_lazy_and_relative_imports() -> None:
-    lazy = "def f():\n    from agentrl.training.module import AgentRLModule\n"
+    lazy = "def f():\n    from agentrl.training.system.module import AgentRLModule\n"
     assert violations("agentrl.engines.hf", lazy) == [
-        "agentrl.engines.hf (layer 3) imports agentrl.training.module (layer 9)"]
+        "agentrl.engines.hf (layer 3) imports agentrl.training.system.module (layer 9)"]
     assert violations("agentrl.envs.guess", "from ..agents import llm\n")[0].startswith(
         "agentrl.envs.guess (layer 4) imports agentrl.agents")
     assert violations("agentrl.chat.tools", "from agentrl import collect\n")
     assert violations("agentrl.engines.hf", "import lightning.pytorch as pl\n")
-    assert violations("agentrl.training.module", "from agentrl.engines.base import SamplingParams\n") == []
+    assert violations("agentrl.training.system.module", "from agentrl.engines.base import SamplingParams\n") == []
 
 
 def test_the_checker_catches_third_party_imports_off_the_layers_allowlist() -> None:
@@ -236,12 +236,12 @@ def test_the_checker_catches_third_party_imports_off_the_layers_allowlist() -> N
     assert violations("agentrl.chat.render", "def f():\n    import jinja2\n")  # lazy: jinja2 is serve's
     assert violations("agentrl.collect.collector", "import langchain_core.messages\n")
     assert violations("agentrl.serve.server", "import fastapi, starlette, uvicorn, json, os.path\n") == []
-    assert violations("agentrl.training.cli", "from __future__ import annotations\nimport jsonargparse\n") == []
+    assert violations("agentrl.training.command.cli", "from __future__ import annotations\nimport jsonargparse\n") == []
 
 
 def test_the_checker_catches_the_core_importing_adapters_or_examples() -> None:
-    assert violations("agentrl.training.cli", "import agentrl_langchain\n") == [
-        "agentrl.training.cli imports agentrl_langchain: the core never imports adapters/langchain/src/"
+    assert violations("agentrl.training.command.cli", "import agentrl_langchain\n") == [
+        "agentrl.training.command.cli imports agentrl_langchain: the core never imports adapters/langchain/src/"
         "agentrl_langchain/"]
     assert violations("agentrl.agents.http_agent", "def f():\n    from agentrl_examples.searchqa import x\n")
     assert violations("agentrl.envs.searchqa", "from agentrl_langchain_examples import search_agent\n")

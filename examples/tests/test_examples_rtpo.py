@@ -21,10 +21,10 @@ from agentrl.agents.http_agent import HTTPAgent
 from agentrl.chat.tools import HermesToolParser
 from agentrl.engines.base import SamplingParams
 from agentrl.models.policy import Policy
-from agentrl.training.datamodule import RolloutDataModule
-from agentrl.training.module import AgentRLModule
-from agentrl.training.rtpo import RTPO
-from agentrl.training.settings import PPOSettings
+from agentrl.training.rollout.datamodule import RolloutDataModule
+from agentrl.training.schedules.rtpo import RTPO
+from agentrl.training.system.module import AgentRLModule
+from agentrl.training.update.settings import PPOSettings
 from agentrl.types import Trajectory
 from agentrl_examples.searchqa import SearchQATasks
 

@@ -1,7 +1,7 @@
 """agentrl: fine-tune multi-turn LLM agents with turn-level reinforcement learning (Turn-PPO, RTPO).
 
 Heavy pieces (Lightning, transformers, HTTP) live in submodules and are imported where used, so that
-``import agentrl`` and ``import agentrl.algorithms`` stay light; ``agentrl.fit`` (`agentrl.training.api.fit`, a
+``import agentrl`` and ``import agentrl.algorithms`` stay light; ``agentrl.fit`` (`agentrl.training.command.api.fit`, a
 training run from Python) imports them when it is first used.
 """
 
@@ -14,7 +14,7 @@ __all__ = ["__version__", "fit"]
 
 def __getattr__(name: str) -> Any:
     if name == "fit":
-        from agentrl.training.api import fit
+        from agentrl.training.command.api import fit
 
         return fit
     raise AttributeError(f"module 'agentrl' has no attribute {name!r}")

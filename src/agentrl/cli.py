@@ -1,6 +1,6 @@
 """The ``agentrl`` command line.
 
-``agentrl fit --config configs/rtpo.yaml`` trains (LightningCLI, see `agentrl.training.cli`);
+``agentrl fit --config configs/rtpo.yaml`` trains (LightningCLI, see `agentrl.training.command.cli`);
 ``agentrl validate --config configs/rtpo.yaml --ckpt_path last`` evaluates a checkpoint on the held-out tasks;
 ``agentrl serve`` runs the embedded engine behind a vLLM-compatible HTTP API (see `agentrl.serve.server`).
 Subcommands import their heavy dependencies only when they run, so ``agentrl --help`` is fast.
@@ -16,12 +16,12 @@ from collections.abc import Sequence
 
 from agentrl import __version__
 from agentrl.models.memory import bound_kernel_caches
-from agentrl.training.keys import COMMON_KEYS
+from agentrl.training.command.keys import COMMON_KEYS
 
 # subcommand -> (module, function taking argv, one-line help)
 _COMMANDS: dict[str, tuple[str, str, str]] = {
-    "fit": ("agentrl.training.cli", "fit_main", "train an agent with live rollouts (--help for the config)"),
-    "validate": ("agentrl.training.cli", "validate_main",
+    "fit": ("agentrl.training.command.cli", "fit_main", "train an agent with live rollouts (--help for the config)"),
+    "validate": ("agentrl.training.command.cli", "validate_main",
                  "play the held-out tasks with a checkpoint (--ckpt_path) and log an evaluation run"),
     "serve": ("agentrl.serve.server", "serve_main", "serve a model over a vLLM-compatible HTTP API"),
 }

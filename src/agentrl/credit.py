@@ -1,11 +1,11 @@
 """What one training step did with each turn: the record the trajectory logger puts into the traces.
 
-A schedule turns episodes into per-turn training targets (`agentrl.training.batching.TurnTargets`, keyed by the
+A schedule turns episodes into per-turn training targets (`agentrl.training.update.batching.TurnTargets`, keyed by the
 turn's place in the list handed to the update); the update folds identical turns and attaches π_old and the
 behaviour-correction weights. `StepRecord` keeps, for the last RL step, every episode collected (RTPO: the trunks
 and every depth's siblings, in collection order) and, for each turn an update saw, a small `TurnCredit` —
 floats, ints and bools only — keyed by the episode itself, so a reader never has to know the positions the
-schedule used. `agentrl.training.credit` fills it; `agentrl.tracking.chat` writes it as span attributes.
+schedule used. `agentrl.training.update.credit` fills it; `agentrl.tracking.chat` writes it as span attributes.
 
 It lives in the lowest layer (beside `agentrl.runview`, which exposes it) so that the tracking code can read it
 without importing the training package.
@@ -27,7 +27,7 @@ class TurnCredit:
         advantage: The schedule's advantage of the turn (GRPO: the group-normalised return; Turn-PPO: turn GAE;
             RTPO: the depth-k sibling advantage); the mean over the turn's tokens for per-token advantages.
         advantage_used: The advantage the loss used, after identical turns (same context and reply) were folded
-            to their mean (`agentrl.training.objective.fold_identical`): 0 for a cancelled pair.
+            to their mean (`agentrl.training.update.objective.fold_identical`): 0 for a cancelled pair.
         value: The critic's value at rollout time at the turn's first response token (V(s_n)), or None without a
             critic.
         returns: The critic's target there (the GAE return), or None without a critic.

@@ -14,9 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from credit import CriticScorer, critic_profile, load_trained, score_turn_ppo, within_cue_auc
 
 from agentrl.algorithms.advantages import turn_gae, whiten
-from agentrl.training.batching import keys_of
-from agentrl.training.schedules import TurnPPO
-from agentrl.training.settings import CriticSettings, PPOSettings
+from agentrl.training.schedules.turn_ppo import TurnPPO
+from agentrl.training.update.batching import keys_of
+from agentrl.training.update.settings import CriticSettings, PPOSettings
 from tests.training.helpers import fit, letter_data, make_module
 
 

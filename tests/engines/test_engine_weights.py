@@ -16,8 +16,8 @@ from agentrl.engines.hf import HFEngine
 from agentrl.engines.specs import HFEngineSpec
 from agentrl.models import precision
 from agentrl.models.policy import LoRASettings, Policy
-from agentrl.training.mismatch import recompute_on
-from agentrl.training.settings import PPOSettings
+from agentrl.training.update.mismatch import recompute_on
+from agentrl.training.update.settings import PPOSettings
 
 PROMPTS = [list(range(3 + i, 20 + 2 * i)) for i in range(3)]
 
@@ -128,7 +128,7 @@ def test_weights_auto_copies_exactly_where_the_copy_decodes_cheaper(monkeypatch:
     enough model), the policy's own modules where it would be an fp32 copy (a tiny model, a CPU without native
     bf16, an explicit fp32) or where the engine decodes under the policy's autocast; and the trainer recomputes
     π_old exactly when the copy is made. Data-parallel overlap (``max_staleness >= 1``) resolves it to a copy."""
-    from agentrl.training.async_collect import check_async
+    from agentrl.training.rollout.async_collect import check_async
 
     policy = Policy("tiny-random", seed=0)
     assert HFEngineSpec().weights == "auto"
@@ -209,7 +209,7 @@ def test_a_push_during_a_prefill_waits_for_the_forward() -> None:
 
 
 def test_preflight_refuses_an_explicit_bf16_copy_without_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentrl.training.preflight import PolicyPlan, check_bf16
+    from agentrl.training.command.preflight import PolicyPlan, check_bf16
 
     monkeypatch.delenv(precision.ALLOW_SLOW_BF16, raising=False)
     monkeypatch.setattr(precision, "cpu_bf16_support", lambda: precision.Bf16Support(False, "CPU Y has no native bf16"))

@@ -22,8 +22,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from agentrl.training.callbacks import RLCheckpoint
-from agentrl.training.checkpoint_io import AtomicCheckpointIO
+from agentrl.training.system.callbacks import RLCheckpoint
+from agentrl.training.system.checkpoint_io import AtomicCheckpointIO
 
 
 class _TinyModule(pl.LightningModule):
@@ -141,7 +141,7 @@ def test_full_disk_leaves_the_previous_checkpoint_whole(tmp_path: Path, monkeypa
 
 
 def test_a_checkpoint_that_cannot_be_pickled_leaves_the_previous_one_and_no_partial_file(tmp_path: Path) -> None:
-    from agentrl.training.checkpoint_io import PARTIAL_SUFFIX, AtomicCheckpointIO
+    from agentrl.training.system.checkpoint_io import PARTIAL_SUFFIX, AtomicCheckpointIO
 
     target = tmp_path / "last.ckpt"
     io_ = AtomicCheckpointIO()
@@ -154,7 +154,7 @@ def test_a_checkpoint_that_cannot_be_pickled_leaves_the_previous_one_and_no_part
 
 def test_stale_partial_files_are_removed_when_a_run_starts(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A write killed mid-way (SIGKILL: no cleanup runs) leaves its ``.partial`` file; the next run removes it."""
-    from agentrl.training.checkpoint_io import PARTIAL_SUFFIX
+    from agentrl.training.system.checkpoint_io import PARTIAL_SUFFIX
 
     folder = tmp_path / "checkpoints"
     folder.mkdir()
@@ -163,7 +163,7 @@ def test_stale_partial_files_are_removed_when_a_run_starts(tmp_path: Path, caplo
         path.write_bytes(b"\0" * 4096)
     keep = folder / "notes.partial"  # not one of ours (no leading dot): left alone
     keep.write_text("mine")
-    with caplog.at_level("WARNING", logger="agentrl.training.callbacks"):
+    with caplog.at_level("WARNING", logger="agentrl.training.system.callbacks"):
         _trainer(folder, keep_steps=False, max_steps=1).fit(_TinyModule())
     assert not any(p.exists() for p in stale)
     assert keep.exists()
@@ -197,7 +197,7 @@ def test_an_unreadable_checkpoint_is_one_line_naming_it_and_the_newest_loadable_
                                                                                     damage: Any) -> None:
     """Issue 29, item 7: before, a raw torch traceback that never named the file (one advised re-saving with
     zipfile serialisation, the planted pickle advised ``weights_only=False``, the dangerous option)."""
-    from agentrl.training.checkpoint_io import CheckpointError
+    from agentrl.training.system.checkpoint_io import CheckpointError
 
     folder = tmp_path / "checkpoints"
     _trainer(folder, keep_steps=True, max_steps=3).fit(_TinyModule())
@@ -219,7 +219,7 @@ def test_a_sharded_checkpoint_folder_is_swapped_in_whole_and_a_killed_swap_is_re
     """A sharded ``last.ckpt`` is a folder: `swap_folder` puts a finished new one in its place (the old one aside,
     then removed); a kill between the two renames leaves ``last.ckpt.old`` alone, which `restore_swapped_folder`
     puts back at start-up, and a killed write's ``last.ckpt.partial`` is removed (the old checkpoint is whole)."""
-    from agentrl.training.callbacks import restore_swapped_folder, swap_folder
+    from agentrl.training.system.callbacks import restore_swapped_folder, swap_folder
 
     last, new = tmp_path / "last.ckpt", tmp_path / "last.ckpt.partial"
     last.mkdir()

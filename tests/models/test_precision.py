@@ -79,12 +79,12 @@ def test_an_unknown_device_type_is_fp32() -> None:
 def test_an_explicit_bf16_is_refused_before_the_model_loads(key: str, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     import agentrl
-    from agentrl.training.preflight import ConfigError
+    from agentrl.training.command.preflight import ConfigError
 
     _simulate(monkeypatch, EPYC_AVX2)
     loads: list[Any] = []
     monkeypatch.setattr("agentrl.models.policy.load_model", lambda *a, **k: loads.append(a))
-    monkeypatch.setattr("agentrl.training.cli.quiet_libraries", lambda: None)  # keep this process's logging
+    monkeypatch.setattr("agentrl.training.command.cli.quiet_libraries", lambda: None)  # keep this process's logging
     monkeypatch.delenv(precision.ALLOW_SLOW_BF16, raising=False)
     monkeypatch.chdir(tmp_path)
     message = (rf"^model.policy.init_args.{key} is bfloat16, but CPU AMD EPYC 7B13 has no native bf16 \(none of "
@@ -96,7 +96,7 @@ def test_an_explicit_bf16_is_refused_before_the_model_loads(key: str, tmp_path: 
 
 
 def test_auto_passes_preflight_and_the_override_lets_bf16_through(monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentrl.training.preflight import PolicyPlan, check_bf16
+    from agentrl.training.command.preflight import PolicyPlan, check_bf16
 
     _simulate(monkeypatch, EPYC_AVX2)
     monkeypatch.delenv(precision.ALLOW_SLOW_BF16, raising=False)

@@ -30,7 +30,7 @@ from agentrl.models.policy import Policy
 from agentrl.seeding import derive_seed
 from agentrl.serve.gateway import TrainingGateway
 from agentrl.serve.serving import render_chat
-from agentrl.training.datamodule import RolloutDataModule
+from agentrl.training.rollout.datamodule import RolloutDataModule
 from tests.support.scripted import ScriptedEngine
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a word up.", "parameters": {

@@ -17,10 +17,11 @@ import pytest
 from agentrl.credit import StepRecord
 from agentrl.tracking import MLflowLogger
 from agentrl.tracking.review import TrajectoryLogger, sample_episodes
-from agentrl.training.batching import Row, TurnTargets
-from agentrl.training.credit import record_update
-from agentrl.training.rtpo import RTPO
-from agentrl.training.schedules import GRPO, Schedule
+from agentrl.training.schedules.base import Schedule
+from agentrl.training.schedules.grpo import GRPO
+from agentrl.training.schedules.rtpo import RTPO
+from agentrl.training.update.batching import Row, TurnTargets
+from agentrl.training.update.credit import record_update
 from agentrl.types import Trajectory, Turn
 from tests.training.helpers import fit, letter_data, make_module
 
@@ -119,7 +120,7 @@ def test_a_cancelled_pair_and_a_zero_advantage_are_not_trained() -> None:
     targets = [TurnTargets(0.5), TurnTargets(-0.5), TurnTargets(0.0)]
     planned = [Row([1, 2, *t.turns[0].response_ids], [((i, 0), t.turns[0], targets[i])])
                for i, t in enumerate((a, b, c))]
-    from agentrl.training.objective import fold_identical
+    from agentrl.training.update.objective import fold_identical
 
     record = StepRecord()
     record_update(record, [a, b, c], planned, fold_identical(planned), "")
@@ -143,7 +144,7 @@ def test_rtpo_trees_are_sampled_whole() -> None:
 
 
 def test_the_importance_weight_value_and_return_of_a_turn() -> None:
-    from agentrl.training.credit import turn_credit
+    from agentrl.training.update.credit import turn_credit
 
     planned = TurnTargets([0.2, 0.4], [1.0, 0.9], [0.25, 0.3], per_token_values=True, weight=0.5)
     used = TurnTargets([0.2, 0.4], [1.0, 0.9], [0.25, 0.3], per_token_values=True, weight=0.5,

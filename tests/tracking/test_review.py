@@ -51,7 +51,7 @@ def test_a_smoke_run_reads_back_through_a_real_mlflow_server(tmp_path: Path,
     from mlflow import MlflowClient
 
     from agentrl.tracking import review
-    from agentrl.training.cli import fit_main
+    from agentrl.training.command.cli import fit_main
 
     logged: dict[str, Trajectory] = {}
 

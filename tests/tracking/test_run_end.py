@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agentrl.tracking import MLflowLogger, TrajectoryLogger, figures
-from agentrl.training.schedules import GRPO
+from agentrl.training.schedules.grpo import GRPO
 from tests.training.helpers import fit, guess_data, make_module
 
 

@@ -37,7 +37,7 @@ def test_a_logger_list_gets_the_run_name_and_on_resume_the_checkpoints_run(tmp_p
     from jsonargparse import Namespace
 
     from agentrl.tracking import reopen_run
-    from agentrl.training.cli import _default_run_name
+    from agentrl.training.command.cli import _default_run_name
 
     monkeypatch.chdir(tmp_path)
     torch.save({"mlflow": {"run_id": "a" * 32, "tracking_uri": f"sqlite:///{tmp_path / 'runs.db'}"}}, "c.ckpt")
@@ -45,7 +45,7 @@ def test_a_logger_list_gets_the_run_name_and_on_resume_the_checkpoints_run(tmp_p
     mlflow_entry = Namespace(class_path="agentrl.tracking.MLflowLogger",
                              init_args=Namespace(tracking_uri="sqlite:///runs.db", run_name=None, run_id=None))
     config = Namespace(ckpt_path="c.ckpt", seed_everything=0, trainer=Namespace(logger=[csv_entry, mlflow_entry]),
-                       model=Namespace(algorithm=Namespace(class_path="agentrl.training.schedules.TurnPPO")),
+                       model=Namespace(algorithm=Namespace(class_path="agentrl.training.schedules.turn_ppo.TurnPPO")),
                        data=Namespace(agent=Namespace(class_path="agentrl.agents.env_agent.EnvAgent",
                                                       init_args=Namespace(env=Namespace(
                                                           class_path="agentrl.envs.GuessNumberEnv")))))

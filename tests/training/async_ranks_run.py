@@ -23,10 +23,10 @@ import lightning.pytorch as pl
 
 from agentrl.engines.vllm import VLLMEngineSpec
 from agentrl.models.policy import LoRASettings, Policy
-from agentrl.training.batching import TurnKey, TurnTargets
-from agentrl.training.module import AgentRLModule
-from agentrl.training.schedules import GRPO
-from agentrl.training.settings import PPOSettings
+from agentrl.training.schedules.grpo import GRPO
+from agentrl.training.system.module import AgentRLModule
+from agentrl.training.update.batching import TurnKey, TurnTargets
+from agentrl.training.update.settings import PPOSettings
 from tests.training.helpers import letter_data
 
 LORA = LoRASettings(r=8, alpha=16, target_modules=["q_proj", "v_proj"])

@@ -24,10 +24,12 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from agentrl.training.batching import keys_of
-from agentrl.training.rtpo import RTPO
-from agentrl.training.schedules import GRPO, TokenPPO, TurnPPO
-from agentrl.training.settings import PPOSettings
+from agentrl.training.schedules.grpo import GRPO
+from agentrl.training.schedules.rtpo import RTPO
+from agentrl.training.schedules.token_ppo import TokenPPO
+from agentrl.training.schedules.turn_ppo import TurnPPO
+from agentrl.training.update.batching import keys_of
+from agentrl.training.update.settings import PPOSettings
 from agentrl.types import Trajectory, Turn
 from tests.training.helpers import guess_data, letter_data, make_module
 
@@ -150,7 +152,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 def _count_shared_batches() -> list[int]:
     """A counter of the collated micro-batches that hold shared-prefix rows (this rank), from now on."""
-    from agentrl.training import rowplan
+    from agentrl.training.update import rowplan
 
     count = [0]
     collate = getattr(rowplan.collate, "__wrapped__", rowplan.collate)

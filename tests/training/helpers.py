@@ -15,9 +15,9 @@ from agentrl.agents.llm import LLMClient
 from agentrl.engines.base import SamplingParams
 from agentrl.envs import FrozenLakeEnv, GuessNumberEnv
 from agentrl.models.policy import Policy
-from agentrl.training.datamodule import RolloutDataModule
-from agentrl.training.module import AgentRLModule
-from agentrl.training.schedules import Schedule
+from agentrl.training.rollout.datamodule import RolloutDataModule
+from agentrl.training.schedules.base import Schedule
+from agentrl.training.system.module import AgentRLModule
 
 
 class LetterAgent:
@@ -84,10 +84,10 @@ def fit_in_process(cwd: Path, args: list[str], capsys: pytest.CaptureFixture[str
                    monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
     """``agentrl fit`` in this process (its entry point, `fit_main`): exit code, stdout, stderr. The same code as
     the command without the interpreter start (10 s each); the libraries' logging of this process is left as is."""
-    from agentrl.training.cli import fit_main
+    from agentrl.training.command.cli import fit_main
 
     monkeypatch.chdir(cwd)
-    monkeypatch.setattr("agentrl.training.cli.quiet_libraries", lambda: None)
+    monkeypatch.setattr("agentrl.training.command.cli.quiet_libraries", lambda: None)
     try:
         code = fit_main(args)
     except SystemExit as exc:

@@ -16,12 +16,14 @@ from agentrl.engines.base import SamplingParams
 from agentrl.engines.specs import HFEngineSpec
 from agentrl.engines.vllm import VLLMEngine, VLLMEngineSpec
 from agentrl.models.policy import LoRASettings, Policy
-from agentrl.training.async_collect import check_async, staleness, too_stale
-from agentrl.training.batching import TurnKey, TurnTargets
-from agentrl.training.module import AgentRLModule
-from agentrl.training.rtpo import RTPO
-from agentrl.training.schedules import GRPO, Schedule, TurnPPO
-from agentrl.training.settings import PPOSettings
+from agentrl.training.rollout.async_collect import check_async, staleness, too_stale
+from agentrl.training.schedules.base import Schedule
+from agentrl.training.schedules.grpo import GRPO
+from agentrl.training.schedules.rtpo import RTPO
+from agentrl.training.schedules.turn_ppo import TurnPPO
+from agentrl.training.system.module import AgentRLModule
+from agentrl.training.update.batching import TurnKey, TurnTargets
+from agentrl.training.update.settings import PPOSettings
 from agentrl.types import Trajectory, Turn
 from tests.support.server import LORA_ARGS, Server, start_server
 from tests.training.helpers import fit, letter_data, make_module
@@ -100,7 +102,7 @@ def test_stale_turns_always_recompute_old_logprobs(tiny_policy: Policy) -> None:
     """The embedded fp32 engine is the trainer (no recompute of π_old at version 3 for version-3 turns), but one
     turn of version 2 makes the update recompute π_old (and so correct it with TIS) all the same; forced (replayed)
     turns do not count."""
-    from agentrl.training.mismatch import needs_old_logprobs
+    from agentrl.training.update.mismatch import needs_old_logprobs
 
     spec, ppo = HFEngineSpec(), PPOSettings()
     assert not needs_old_logprobs(ppo, spec, tiny_policy, [_episode(3, 3)], 3)
@@ -109,7 +111,7 @@ def test_stale_turns_always_recompute_old_logprobs(tiny_policy: Policy) -> None:
 
 
 def test_progress_line_shows_staleness_when_collection_runs_ahead() -> None:
-    from agentrl.training.progress import _staleness
+    from agentrl.training.command.progress import _staleness
 
     assert _staleness({"rollout/staleness_max": 1.0}) == "  stale 1"
     assert _staleness({"rollout/staleness_max": 0.0}) == ""  # the synchronous line is unchanged
@@ -318,11 +320,11 @@ def test_preflight_refuses_s1_with_the_embedded_engine_before_any_work(tmp_path:
     """``agentrl fit`` with ``data.max_staleness: 1`` and the embedded engine on the trainer's own weights
     (``weights: shared``, set) stops in preflight, naming the key to set, before an MLflow store is created."""
     import agentrl
-    from agentrl.training.preflight import ConfigError
+    from agentrl.training.command.preflight import ConfigError
     from tests.training.test_cli_ux import SMOKE
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("agentrl.training.cli.quiet_libraries", lambda: None)
+    monkeypatch.setattr("agentrl.training.command.cli.quiet_libraries", lambda: None)
     with pytest.raises(ConfigError, match=r"model.engine.init_args.weights: copy"):
         agentrl.fit(SMOKE, data={"max_staleness": 1},
                     model={"engine": {"class_path": "agentrl.engines.specs.HFEngineSpec",

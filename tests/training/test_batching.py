@@ -16,7 +16,7 @@ from agentrl.engines.hf import HFEngine
 from agentrl.envs import FrozenLakeEnv
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
-from agentrl.training.batching import TurnTargets, collate, micro_batches, pack_rows, score_turns, token_counts
+from agentrl.training.update.batching import TurnTargets, collate, micro_batches, pack_rows, score_turns, token_counts
 
 
 def _trajectories(policy: Policy) -> list:  # type: ignore[type-arg]

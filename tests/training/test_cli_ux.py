@@ -14,8 +14,8 @@ from tests.training.helpers import fit_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = str(ROOT / "configs/smoke/grpo.yaml")
-NAMES = {"RTPO": "agentrl.training.rtpo.RTPO", "TurnPPO": "agentrl.training.schedules.TurnPPO",
-         "GRPO": "agentrl.training.schedules.GRPO", "TokenPPO": "agentrl.training.schedules.TokenPPO"}
+NAMES = {"RTPO": "agentrl.training.schedules.rtpo.RTPO", "TurnPPO": "agentrl.training.schedules.turn_ppo.TurnPPO",
+         "GRPO": "agentrl.training.schedules.grpo.GRPO", "TokenPPO": "agentrl.training.schedules.token_ppo.TokenPPO"}
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
 
@@ -84,10 +84,10 @@ def test_algorithm_help_by_short_name_and_all_four_in_help(tmp_path: Path, capsy
 
 def test_the_python_api_trains_and_raises_config_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import agentrl
-    from agentrl.training.preflight import ConfigError
+    from agentrl.training.command.preflight import ConfigError
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("agentrl.training.cli.quiet_libraries", lambda: None)  # keep this process's logging
+    monkeypatch.setattr("agentrl.training.command.cli.quiet_libraries", lambda: None)  # keep this process's logging
     with pytest.raises(ConfigError, match=r"unknown key data.batch_sizee \(did you mean data.batch_size\?\)"):
         agentrl.fit(SMOKE, data={"batch_sizee": 4})
     with pytest.raises(ConfigError, match="optim.lr must be a positive number"):
@@ -126,7 +126,7 @@ def test_a_seed_everything_that_does_not_seed_the_run_is_named(seeds: dict[str, 
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     from jsonargparse import Namespace
 
-    from agentrl.training.cli import _warn_seed_mismatch
+    from agentrl.training.command.cli import _warn_seed_mismatch
 
     config = Namespace()
     for key, value in seeds.items():

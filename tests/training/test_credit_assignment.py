@@ -42,12 +42,15 @@ from agentrl.agents.base import Outcome, Task
 from agentrl.agents.llm import LLMClient
 from agentrl.engines.base import SamplingParams
 from agentrl.models.policy import Policy
-from agentrl.training.datamodule import RolloutDataModule
-from agentrl.training.learner import Learner
-from agentrl.training.module import AgentRLModule
-from agentrl.training.rtpo import RTPO
-from agentrl.training.schedules import GRPO, Schedule, Targets, TokenPPO, TurnPPO
-from agentrl.training.settings import OptimSettings, PPOSettings
+from agentrl.training.rollout.datamodule import RolloutDataModule
+from agentrl.training.schedules.base import Schedule, Targets
+from agentrl.training.schedules.grpo import GRPO
+from agentrl.training.schedules.learner import Learner
+from agentrl.training.schedules.rtpo import RTPO
+from agentrl.training.schedules.token_ppo import TokenPPO
+from agentrl.training.schedules.turn_ppo import TurnPPO
+from agentrl.training.system.module import AgentRLModule
+from agentrl.training.update.settings import OptimSettings, PPOSettings
 from agentrl.types import Trajectory
 from tests.training.helpers import fit
 

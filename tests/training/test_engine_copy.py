@@ -8,9 +8,9 @@ import torch
 
 from agentrl.engines.specs import HFEngineSpec
 from agentrl.models.policy import Policy
-from agentrl.training.perf import STEP_PHASES
-from agentrl.training.schedules import GRPO
-from agentrl.training.settings import PPOSettings
+from agentrl.training.schedules.grpo import GRPO
+from agentrl.training.system.perf import STEP_PHASES
+from agentrl.training.update.settings import PPOSettings
 from tests.training.helpers import fit, letter_data, make_module
 
 

@@ -1,4 +1,4 @@
-"""The generated-token budget and the evaluation schedule (`agentrl.training.evaluation`), on real tiny runs."""
+"""The generated-token budget and the evaluation schedule (`agentrl.training.system.evaluation`), on real tiny runs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 import pytest
 from lightning.pytorch.loggers import Logger
 
-from agentrl.training.schedules import GRPO
+from agentrl.training.schedules.grpo import GRPO
 from tests.training.helpers import fit, fit_in_process, guess_data, make_module
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -132,7 +132,7 @@ def test_print_config_shows_the_resolved_config(tmp_path: Path) -> None:
     `tests/training/test_fit_output.py::test_every_shipped_config_passes_the_checks_before_work`."""
     proc = _fit(tmp_path, "--config", str(ROOT / "configs/rtpo.yaml"), "--print_config", timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "class_path: agentrl.training.rtpo.RTPO" in proc.stdout
+    assert "class_path: agentrl.training.schedules.rtpo.RTPO" in proc.stdout
     assert list(tmp_path.iterdir()) == []  # printing the config starts nothing
 
 
@@ -144,7 +144,7 @@ def test_print_config_shows_the_resolved_config(tmp_path: Path) -> None:
         (["--data.batch_sizee", "4"], "batch_sizee"),
         (["--data.steps", "many"], "data.steps"),
         (["--data.batch_size", "1", "--model.algorithm.init_args.group_size", "2",
-          "--model.algorithm.class_path", "agentrl.training.schedules.GRPO"], "smaller than one group"),
+          "--model.algorithm.class_path", "agentrl.training.schedules.grpo.GRPO"], "smaller than one group"),
     ],
     ids=["negative-lr", "unknown-key", "wrong-type", "batch-smaller-than-group"],
 )

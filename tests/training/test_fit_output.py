@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.training.keys import normalize_argv
+from agentrl.training.command.keys import normalize_argv
 from tests.training.helpers import fit_in_process
 from tests.training.test_fit_cli import check_smoke_run
 
@@ -123,16 +123,16 @@ def test_every_shipped_config_passes_the_checks_before_work(configs: list[Path],
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The checks build every cheap part of each shipped config (and resolve its model name) without error; the
     learning benchmark's environment files are checked with each of its schedule files."""
-    from agentrl.training.cli import AgentRLCLI
-    from agentrl.training.datamodule import RolloutDataModule
-    from agentrl.training.module import AgentRLModule
+    from agentrl.training.command.cli import AgentRLCLI
+    from agentrl.training.rollout.datamodule import RolloutDataModule
+    from agentrl.training.system.module import AgentRLModule
 
     class ChecksOnly(AgentRLCLI):
         def instantiate_classes(self) -> None:  # stop after before_instantiate_classes (parse + checks)
             self.checked = True
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("agentrl.training.cli.quiet_libraries", lambda: None)  # keep this process's logging as is
+    monkeypatch.setattr("agentrl.training.command.cli.quiet_libraries", lambda: None)  # keep logging as is
     args = [arg for c in configs for arg in ("--config", str(c))]
     if any(c.name in ("frozenlake.yaml", "creditchain.yaml") and LEARNING in c.parents for c in configs):
         # its model folder is made by benchmarks/format_warmup.py on first use: check the rest with the base model

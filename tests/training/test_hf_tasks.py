@@ -9,8 +9,8 @@ import pytest
 
 datasets = pytest.importorskip("datasets")
 
-from agentrl.training.datamodule import TaskSource  # noqa: E402
-from agentrl.training.hf_tasks import HFDatasetTasks  # noqa: E402
+from agentrl.training.rollout.datamodule import TaskSource  # noqa: E402
+from agentrl.training.rollout.hf_tasks import HFDatasetTasks  # noqa: E402
 
 ROWS = [{"uid": f"q{i}", "problem": f"{i} + {i}", "solution": str(2 * i), "level": i + 10} for i in range(5)]
 
@@ -77,14 +77,14 @@ def test_the_yaml_class_path_builds_it(saved: str) -> None:
 
     parser = ArgumentParser()
     parser.add_argument("--tasks", type=TaskSource)
-    cfg = parser.parse_string(f"tasks:\n  class_path: agentrl.training.hf_tasks.HFDatasetTasks\n"
+    cfg = parser.parse_string(f"tasks:\n  class_path: agentrl.training.rollout.hf_tasks.HFDatasetTasks\n"
                               f"  init_args: {{path: {saved}, split: test, id_field: uid}}\n")
     tasks = parser.instantiate(cfg).tasks
     assert isinstance(tasks, HFDatasetTasks) and tasks.task(0).id == "q3"
 
 
 def test_a_fit_trains_on_the_split(saved: str) -> None:
-    from agentrl.training.schedules import GRPO
+    from agentrl.training.schedules.grpo import GRPO
     from tests.training.helpers import fit, letter_data, make_module
 
     module = make_module(GRPO(group_size=2))

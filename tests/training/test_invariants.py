@@ -10,10 +10,11 @@ import torch
 from torch.testing import assert_close
 
 from agentrl.models.critic import TurnCritic
-from agentrl.training.datamodule import RolloutDataModule
-from agentrl.training.module import AgentRLModule
-from agentrl.training.schedules import GRPO, TurnPPO
-from agentrl.training.settings import PPOSettings
+from agentrl.training.rollout.datamodule import RolloutDataModule
+from agentrl.training.schedules.grpo import GRPO
+from agentrl.training.schedules.turn_ppo import TurnPPO
+from agentrl.training.system.module import AgentRLModule
+from agentrl.training.update.settings import PPOSettings
 from tests.training.helpers import GradProbe, fit, guess_data, letter_data, make_module
 
 
@@ -140,8 +141,8 @@ def test_batch_smaller_than_a_group_stops_before_work() -> None:
 
 
 def test_non_finite_updates_are_skipped_then_stop() -> None:
-    from agentrl.training.module import NonFiniteUpdateError
-    from agentrl.training.settings import OptimSettings
+    from agentrl.training.system.module import NonFiniteUpdateError
+    from agentrl.training.update.settings import OptimSettings
 
     module = make_module(TurnPPO(), optim=OptimSettings(max_bad_updates=2))
     with torch.no_grad():  # a broken critic: NaN values, NaN advantages, NaN losses; rollouts are unaffected

@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from agentrl.models.critic import TurnCritic
-from agentrl.training.batching import TurnTargets, collate, pack_rows
-from agentrl.training.rtpo import RTPO, _roll_up_depths
-from agentrl.training.schedules import GRPO, TokenPPO, TurnPPO
-from agentrl.training.settings import OptimSettings, PPOSettings
+from agentrl.training.schedules.grpo import GRPO
+from agentrl.training.schedules.rtpo import RTPO, _roll_up_depths
+from agentrl.training.schedules.token_ppo import TokenPPO
+from agentrl.training.schedules.turn_ppo import TurnPPO
+from agentrl.training.update.batching import TurnTargets, collate, pack_rows
+from agentrl.training.update.settings import OptimSettings, PPOSettings
 from agentrl.types import Trajectory
 from tests.training.exactness_run import _trajectory, fixed_schedule
 from tests.training.helpers import fit, letter_data, make_module

@@ -1,4 +1,4 @@
-"""Memory hand-offs around an update (`agentrl.training.memory`): the update does not hold the rollouts' prefix
+"""Memory hand-offs around an update (`agentrl.training.update.memory`): the update does not hold the rollouts' prefix
 KV, the next rollouts do not hold the update's gradients, and freed pages go back to the OS on glibc."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import torch
 from agentrl import cli
 from agentrl.models.memory import KERNEL_CACHE_CAPACITY, PeakRise, bound_kernel_caches, release_memory, resident_mib
 from agentrl.runview import StepProgress
-from agentrl.training.schedules import GRPO
-from agentrl.training.settings import PPOSettings
+from agentrl.training.schedules.grpo import GRPO
+from agentrl.training.update.settings import PPOSettings
 from tests.training.helpers import fit, guess_data, make_module
 
 

@@ -15,11 +15,13 @@ from agentrl.engines.hf import HFEngine
 from agentrl.engines.specs import HFEngineSpec
 from agentrl.engines.vllm import VLLMEngineSpec
 from agentrl.models.policy import Policy
-from agentrl.training.batching import TurnTargets, collate, pack_rows
-from agentrl.training.mismatch import recompute_on, with_old_logprobs
-from agentrl.training.rtpo import RTPO
-from agentrl.training.schedules import GRPO, TokenPPO, TurnPPO
-from agentrl.training.settings import PPOSettings
+from agentrl.training.schedules.grpo import GRPO
+from agentrl.training.schedules.rtpo import RTPO
+from agentrl.training.schedules.token_ppo import TokenPPO
+from agentrl.training.schedules.turn_ppo import TurnPPO
+from agentrl.training.update.batching import TurnTargets, collate, pack_rows
+from agentrl.training.update.mismatch import recompute_on, with_old_logprobs
+from agentrl.training.update.settings import PPOSettings
 from agentrl.types import Trajectory
 from tests.reference.loops import mismatch_kl_ref
 from tests.training.helpers import fit, letter_data, make_module

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
-from agentrl.training.batching import TurnTargets, collate, pack_rows
-from agentrl.training.module import AgentRLModule
-from agentrl.training.rtpo import RTPO, _roll_up_depths
-from agentrl.training.settings import PPOSettings
+from agentrl.training.schedules.rtpo import RTPO, _roll_up_depths
+from agentrl.training.system.module import AgentRLModule
+from agentrl.training.update.batching import TurnTargets, collate, pack_rows
+from agentrl.training.update.settings import PPOSettings
 from agentrl.types import Trajectory
 from tests.training.helpers import LetterAgent, fit, letter_data
 
@@ -154,7 +154,7 @@ def test_generated_success_pools_trunks_and_every_sibling() -> None:
 
     from agentrl.engines.base import SamplingParams
     from agentrl.models.policy import Policy
-    from agentrl.training.datamodule import RolloutDataModule
+    from agentrl.training.rollout.datamodule import RolloutDataModule
 
     pl.seed_everything(0, verbose=False)
     module = RecordingModule(Policy("tiny-random"), RTPO(group_size=3, ppo=PPOSettings(epochs=1)), peak_flops=1e11)

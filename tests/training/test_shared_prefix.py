@@ -12,11 +12,11 @@ from torch.testing import assert_close
 from agentrl.models import tree
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import LoRASettings, Policy
-from agentrl.training import rowplan
-from agentrl.training.batching import TurnTargets, collate, micro_batches, pack_rows, score_turns, share_prefixes
-from agentrl.training.rtpo import RTPO
-from agentrl.training.schedules import GRPO
-from agentrl.training.settings import PPOSettings
+from agentrl.training.schedules.grpo import GRPO
+from agentrl.training.schedules.rtpo import RTPO
+from agentrl.training.update.batching import TurnTargets, collate, micro_batches, pack_rows, score_turns, share_prefixes
+from agentrl.training.update import rowplan
+from agentrl.training.update.settings import PPOSettings
 from agentrl.types import Trajectory, Turn
 from tests.training.helpers import GradProbe, fit, guess_data, letter_data, make_module
 

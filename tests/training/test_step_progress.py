@@ -10,9 +10,9 @@ import lightning.pytorch as pl
 import pytest
 
 from agentrl.runview import StepPhase, StepProgress
-from agentrl.training.progress import RunProgress, StatusLine, describe
-from agentrl.training.rtpo import RTPO
-from agentrl.training.settings import PPOSettings
+from agentrl.training.command.progress import RunProgress, StatusLine, describe
+from agentrl.training.schedules.rtpo import RTPO
+from agentrl.training.update.settings import PPOSettings
 from tests.training.helpers import letter_data, make_module
 
 
@@ -122,7 +122,7 @@ def test_a_fit_logs_each_phase_of_its_steps_in_order(capsys: pytest.CaptureFixtu
 
 
 def test_eta_follows_the_token_budget_when_it_ends_the_run_first() -> None:
-    from agentrl.training.progress import eta_seconds
+    from agentrl.training.command.progress import eta_seconds
 
     # 33 steps of 1,000 in 1,650 s (50 s a step) and 1,451 of a 1,600-token budget: 149 tokens at 1,650/1,451 s each
     assert eta_seconds(1650.0, 33, 967, 1451.0, 149.0) == pytest.approx(1650.0 / 1451.0 * 149.0)

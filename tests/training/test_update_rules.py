@@ -15,11 +15,13 @@ from agentrl.engines.base import SamplingParams
 from agentrl.envs import CreditChainEnv
 from agentrl.models.loading import build_tiny_model, build_tiny_tokenizer
 from agentrl.models.policy import Policy
-from agentrl.training.datamodule import RolloutDataModule
-from agentrl.training.rtpo import RTPO
-from agentrl.training.schedules import GRPO, TokenPPO, TurnPPO
-from agentrl.training.settings import OptimSettings, PPOSettings
-from agentrl.training.update import minibatch_split
+from agentrl.training.rollout.datamodule import RolloutDataModule
+from agentrl.training.schedules.grpo import GRPO
+from agentrl.training.schedules.rtpo import RTPO
+from agentrl.training.schedules.token_ppo import TokenPPO
+from agentrl.training.schedules.turn_ppo import TurnPPO
+from agentrl.training.update.ppo import minibatch_split
+from agentrl.training.update.settings import OptimSettings, PPOSettings
 from agentrl.types import Trajectory
 from tests.training.exactness_run import _trajectory, fixed_schedule
 from tests.training.helpers import fit, letter_data, make_module

@@ -15,7 +15,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from agentrl.training.callbacks import RLCheckpoint
+from agentrl.training.system.callbacks import RLCheckpoint
 from tests.training.helpers import guess_data, make_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,11 +28,11 @@ pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
 def _agentrl(cwd: Path, subcommand: str, args: list[str], capfd: Any = None) -> tuple[int, str, str]:
     """``agentrl fit`` / ``agentrl validate`` in this process (their entry point): exit code, stdout, stderr."""
-    from agentrl.training.cli import fit_main
+    from agentrl.training.command.cli import fit_main
 
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(cwd)
-        patch.setattr("agentrl.training.cli.quiet_libraries", lambda: None)
+        patch.setattr("agentrl.training.command.cli.quiet_libraries", lambda: None)
         code = fit_main(args, subcommand=subcommand)
     out = capfd.readouterr() if capfd is not None else None
     return code, out.out if out else "", out.err if out else ""
@@ -134,7 +134,7 @@ def test_resuming_a_finished_run_with_more_steps_trains_them(trained: Path, tmp_
 
 def test_a_finished_run_resumed_with_more_steps_continues_as_the_longer_run_would(tmp_path: Path) -> None:
     """In process with the helpers' trainer: 1 step, then resumed to 2, equals 2 steps at once."""
-    from agentrl.training.rtpo import RTPO
+    from agentrl.training.schedules.rtpo import RTPO
 
     def run(steps: int, folder: str, resume: bool = False) -> Any:
         module = make_module(RTPO(group_size=2))

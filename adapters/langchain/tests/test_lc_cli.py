@@ -32,7 +32,7 @@ def test_langchain_smoke_config_trains_end_to_end(tmp_path: Path) -> None:
 
 def test_the_config_names_the_agent_by_dotted_path_and_a_bad_one_is_refused(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentrl.training.cli import fit_main
+    from agentrl.training.command.cli import fit_main
 
     monkeypatch.setattr("sys.argv", ["agentrl"])  # pytest's own arguments are not the CLI's
 

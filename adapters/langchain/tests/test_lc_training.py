@@ -14,11 +14,12 @@ from tests.support.scripted import ScriptedEngineSpec
 
 from agentrl.engines.base import SamplingParams
 from agentrl.models.policy import Policy
-from agentrl.training.datamodule import RolloutDataModule
-from agentrl.training.module import AgentRLModule
-from agentrl.training.rtpo import RTPO
-from agentrl.training.schedules import Schedule, TurnPPO
-from agentrl.training.settings import OptimSettings, PPOSettings
+from agentrl.training.rollout.datamodule import RolloutDataModule
+from agentrl.training.schedules.base import Schedule
+from agentrl.training.schedules.rtpo import RTPO
+from agentrl.training.schedules.turn_ppo import TurnPPO
+from agentrl.training.system.module import AgentRLModule
+from agentrl.training.update.settings import OptimSettings, PPOSettings
 from agentrl_langchain import LangChainAgent
 
 

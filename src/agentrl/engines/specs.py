@@ -59,13 +59,13 @@ class HFEngineSpec:
             where decoding dominates.
 
     Whenever the engine does not decode in fp32 from an fp32 policy computing in fp32, the trainer recomputes
-    π_old (`agentrl.training.mismatch`); an fp32 copy of an fp32 policy runs the trainer's code on equal weights.
+    π_old (`agentrl.training.update.mismatch`); an fp32 copy of an fp32 policy runs the trainer's code on equal weights.
     """
 
     shares_trainer_code = True
     """The engine runs the trainer's own code (its modules, or a copy of them): decoding in fp32 from an fp32
     policy, its log-probs are the trainer's π_old (to about 1e-5), so the trainer need not recompute them
-    (`agentrl.training.mismatch`, which also asks `decode_dtype_for`)."""
+    (`agentrl.training.update.mismatch`, which also asks `decode_dtype_for`)."""
 
     def __init__(self, max_batch_size: int = 32, prefix_cache_tokens: int = 32768, max_context: int | None = None,
                  compute_dtype: Literal["float32", "policy"] = "float32", weights: WeightsSetting = "auto",

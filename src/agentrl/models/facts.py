@@ -1,7 +1,7 @@
 """What a config check needs to know about a model without loading its weights: its context window and the names
 of its modules (for LoRA ``target_modules``).
 
-`agentrl.training.preflight` asks before anything loads, so that ``data.sampling.max_tokens`` beyond the context
+`agentrl.training.command.preflight` asks before anything loads, so that ``data.sampling.max_tokens`` beyond the context
 or a LoRA target the model lacks stops the run in a second, by name, instead of after the load with a traceback.
 A Hugging Face config (the tiny model's, a folder's ``config.json``, a cached hub id's) is built on the ``meta``
 device, which allocates nothing; a GGUF file's context is read from its metadata header (the tensor table is not

@@ -98,7 +98,7 @@ class Policy(nn.Module):
         compute_dtype: ``bfloat16`` runs forward passes under CPU/GPU autocast; ``float32`` does not; ``auto`` (the
             default) picks bfloat16 where the model's device has native bf16 matmuls (CPU flags ``avx512_bf16`` /
             ``amx_bf16``, or CUDA's bf16 support: `agentrl.models.precision`), else float32; with bf16 the trainer
-            recomputes π_old (`agentrl.training.mismatch`).
+            recomputes π_old (`agentrl.training.update.mismatch`).
         gradient_checkpointing: Trade compute for activation memory in training forwards.
         seed: Initialisation seed of random models (``tiny-random``).
     """
@@ -236,7 +236,7 @@ class Policy(nn.Module):
         checkpointed = torch.is_grad_enabled() and h.requires_grad and h.shape[0] > 0
         parts: list[tuple[Tensor, Tensor | None]] = []
         # no scored position still runs the head once on zero rows: the loss keeps its graph through every layer
-        # (sharded ranks must all run the same backward, see `agentrl.training.sharding`)
+        # (sharded ranks must all run the same backward, see `agentrl.training.update.sharding`)
         for start in range(0, h.shape[0], LOGIT_CHUNK_ROWS) if h.shape[0] else [0]:
             rows = (h[start:start + LOGIT_CHUNK_ROWS], targets[start:start + LOGIT_CHUNK_ROWS])
             if checkpointed:

@@ -4,7 +4,7 @@ bf16 autocast roughly halves the update time on CPUs with native bf16 matmuls (A
 recent GPU. On a CPU without them a bf16 matmul falls to a reference kernel: measured on an AVX2-only AMD EPYC,
 1.2 GFLOP/s against 29 in fp32 at 512³, and a training step that looks hung. bf16 changes the numbers, so the
 engine's recorded log-probs stop being the trainer's π_old: the trainer then recomputes π_old and corrects the gap
-(`agentrl.training.mismatch`), which is what makes bf16 safe to turn on by default.
+(`agentrl.training.update.mismatch`), which is what makes bf16 safe to turn on by default.
 
 ``auto`` decides from what the device *is*, so the same config on the same machine always trains in the same dtype
 (an earlier rule timed a matmul at start-up and could flip under load):
@@ -18,7 +18,7 @@ Models narrower than ``MIN_WIDTH`` stay in fp32 whatever the device: their matmu
 and this keeps the tiny test model exact and deterministic on every machine.
 
 An explicit ``bfloat16`` on a device without native bf16 is refused before the model loads
-(`check_explicit_bf16`, run by `agentrl.training.preflight` and by ``agentrl serve --dtype bfloat16``) unless
+(`check_explicit_bf16`, run by `agentrl.training.command.preflight` and by ``agentrl serve --dtype bfloat16``) unless
 ``AGENTRL_ALLOW_SLOW_BF16=1``.
 """
 

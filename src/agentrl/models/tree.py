@@ -2,7 +2,7 @@
 
 RTPO's siblings at a depth and the trunk's own turn there have the same context token for token (the replay is
 exact), and a GRPO group's episodes start with the same prompt. Scored as separate rows, that context is read once
-per sample. A *shared-prefix row* (`agentrl.training.batching.share_prefixes`) holds the context once followed by
+per sample. A *shared-prefix row* (`agentrl.training.update.batching.share_prefixes`) holds the context once followed by
 each sample's own tokens, one *branch* after another::
 
     tokens   p0 p1 p2 p3 | a0 a1 | b0 b1 b2
@@ -19,7 +19,7 @@ and the forward pass makes each branch see only the prefix and itself:
 
 Each token then has exactly the context it has in its own row, so log-probs, entropies and values equal the
 separate rows' up to floating-point summation order (a test checks it). A batch without shared-prefix rows has
-``branch`` None (`agentrl.training.batching.collate`) and takes the ordinary path: the model's own causal mask and
+``branch`` None (`agentrl.training.update.batching.collate`) and takes the ordinary path: the model's own causal mask and
 ``t − 1``. (Whether a batch has branches is decided by None, never by reading the tensor: no device sync.)
 """
 

@@ -191,7 +191,7 @@ class TrajectoryLogger(pl.Callback):
 
     @property
     def log_final_model(self) -> bool:
-        """Whether this run logs ``final_model/`` (`agentrl.training.progress` prints its path when it does)."""
+        """Whether this run logs ``final_model/`` (`agentrl.training.command.progress` prints its path when it does)."""
         if not self._log_final_model:
             return False
         short = self._run_steps is not None and self._run_steps < self.final_model_min_steps
@@ -265,7 +265,7 @@ class TrajectoryLogger(pl.Callback):
         return trace_id
 
     def on_heldout_evaluation(self, trainer: pl.Trainer, pl_module: pl.LightningModule, held_out: Any) -> None:
-        """A held-out evaluation (`agentrl.training.evaluation.HeldOut`: base, periodic, final, or ``agentrl
+        """A held-out evaluation (`agentrl.training.system.evaluation.HeldOut`: base, periodic, final, or ``agentrl
         validate``'s): every episode as a trace tagged ``agentrl.phase = eval`` and ``agentrl.eval = <label>``
         (``<label> greedy`` for the greedy replay), and as rows of the ``eval_trajectories.json`` table."""
         logger, view = self._mlflow(trainer), run_view(pl_module)

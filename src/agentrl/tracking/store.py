@@ -145,7 +145,7 @@ class MLflowLogger(MLFlowLogger):
 
     @staticmethod
     def check_settings(timeout_s: int = 10, max_retries: int = 1) -> None:
-        """The checks of the arguments, without creating anything (`agentrl.training.preflight` runs them)."""
+        """The checks of the arguments, without creating anything (`agentrl.training.command.preflight` runs them)."""
         if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s < 1:
             raise ValueError(f"trainer.logger.init_args.timeout_s must be >= 1 second, got {timeout_s!r}")
         if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:

@@ -3,14 +3,14 @@
 jsonargparse reports a bad value after the whole usage (some 75 lines) and wraps it in its own nesting ("Parser
 key ...: Problem with given class_path ...: Does not validate against any of the Union subtypes ..."). The
 `AgentRLArgumentParser` that ``agentrl fit`` uses prints one line instead, in the form of agentrl's own config
-errors (`agentrl.training.preflight`):
+errors (`agentrl.training.command.preflight`):
 
     agentrl fit: config error: unknown key data.batch_sizee (did you mean data.batch_size?)
     agentrl fit: config error: data.steps: expected int, got 'many'
     agentrl fit: config error: unknown key model.optim.lrr (did you mean model.optim.lr?)
 
 each ending with a pointer to ``--help`` (the full usage). jsonargparse's Union dumps it does not recognise are
-made one line by `agentrl.training.keys.parse_error_line`. ``JSONARGPARSE_DEBUG=1`` keeps jsonargparse's own
+made one line by `agentrl.training.command.keys.parse_error_line`. ``JSONARGPARSE_DEBUG=1`` keeps jsonargparse's own
 behaviour (the exception with its traceback).
 """
 
@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 from jsonargparse import ArgumentParser
 from lightning.pytorch.cli import LightningArgumentParser
 
-from agentrl.training.keys import parse_error_line
+from agentrl.training.command.keys import parse_error_line
 
 _PARSER_KEY = re.compile(r'^\s*(?:- )?Parser key "([^"]+)":')
 _CLASS_PATH = re.compile(r"^\s*(?:- )?Problem with given class_path '([^']+)':")
@@ -157,7 +157,7 @@ class RaisingArgumentParser(AgentRLArgumentParser):
     """The same one-line errors raised as `ConfigError` instead of printed with exit status 2 (the Python API)."""
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        from agentrl.training.preflight import ConfigError
+        from agentrl.training.command.preflight import ConfigError
 
         if not self.exit_on_error:  # jsonargparse's own tries (e.g. each type of a Union) catch its exception
             super().error(message, ex)

@@ -2,12 +2,14 @@
 
 Defaults a user expects: MLflow tracking to ``sqlite:///mlflow.db`` (the resolved config logged with the run, a
 run name that says what ran), one epoch of ``data.steps`` RL steps, one line per step in RL terms with the
-``mlflow ui`` command at the start and a summary at the end (`agentrl.training.progress`), other libraries quiet
+``mlflow ui`` command at the start and a summary at the end (`agentrl.training.command.progress`), other libraries quiet
 unless ``AGENTRL_VERBOSE=1``, ``checkpoints/last.ckpt`` every ``checkpoint.every_n_steps`` steps and at the end, a
 graceful stop on SIGINT/SIGTERM, and ``--ckpt_path last`` to resume. Unknown keys, wrong types and out-of-range
-values stop the run before any work (no model load, no MLflow run), naming the key (`agentrl.training.preflight`).
+values stop the run before any work (no model load, no MLflow run), naming the key
+(`agentrl.training.command.preflight`).
 
-``agentrl validate`` is LightningCLI's ``validate`` over the same classes and config (`agentrl.training.validate`).
+``agentrl validate`` is LightningCLI's ``validate`` over the same classes and config
+(`agentrl.training.command.validate`).
 """
 
 from __future__ import annotations
@@ -29,16 +31,16 @@ from agentrl.models.memory import bound_kernel_caches
 from agentrl.models.policy import LoRATargetError
 from agentrl.tracking import DEFAULT_TRACKING_URI, TrajectoryLogger, log_config, reopen_run
 from agentrl.tracking.store import logger_entries
-from agentrl.training import validate
-from agentrl.training.callbacks import GracefulStop, RLCheckpoint
-from agentrl.training.checkpoint_io import CheckpointError, check_checkpoint
-from agentrl.training.cli_errors import AgentRLArgumentParser
-from agentrl.training.datamodule import RolloutDataModule
-from agentrl.training.keys import COMMON_KEYS, normalize_argv
-from agentrl.training.module import AgentRLModule
-from agentrl.training.preflight import ConfigError, preflight
-from agentrl.training.progress import RunProgress, quiet_libraries, verbose
-from agentrl.training.rtpo import RTPO  # noqa: F401  (imported: `--model.algorithm RTPO` resolves by class name)
+from agentrl.training.command import validate
+from agentrl.training.command.cli_errors import AgentRLArgumentParser
+from agentrl.training.command.keys import COMMON_KEYS, normalize_argv
+from agentrl.training.command.preflight import ConfigError, preflight
+from agentrl.training.command.progress import RunProgress, quiet_libraries, verbose
+from agentrl.training.rollout.datamodule import RolloutDataModule
+from agentrl.training.schedules.rtpo import RTPO  # noqa: F401  (imported: `--model.algorithm RTPO` resolves by class name)
+from agentrl.training.system.callbacks import GracefulStop, RLCheckpoint
+from agentrl.training.system.checkpoint_io import CheckpointError, check_checkpoint
+from agentrl.training.system.module import AgentRLModule
 
 
 class MLflowConfig(SaveConfigCallback):
@@ -215,7 +217,7 @@ def run_fit(argv: Sequence[str], *, parser_class: type[AgentRLArgumentParser] = 
     finished CLI object.
 
     Raises:
-        ConfigError: a wrong value found by the checks before any work (`agentrl.training.preflight`).
+        ConfigError: a wrong value found by the checks before any work (`agentrl.training.command.preflight`).
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     bound_kernel_caches()  # as `agentrl` does first (agentrl.fit comes here directly): too late once a kernel is built
@@ -256,6 +258,6 @@ def fit_main(argv: Sequence[str], subcommand: str = "fit") -> int:
 
 
 def validate_main(argv: Sequence[str]) -> int:
-    """Entry point of ``agentrl validate`` (`agentrl.training.validate`): the same config as ``fit`` and
+    """Entry point of ``agentrl validate`` (`agentrl.training.command.validate`): the same config as ``fit`` and
     ``--ckpt_path``; plays the held-out tasks once and logs an evaluation run."""
     return fit_main(argv, subcommand="validate")

@@ -6,7 +6,7 @@ the process group Lightning set up:
 
 * **sums** — counts (``*/episodes``, ``perf/generated_tokens``, ``rtpo/depth*/siblings``) and the ``train/*``
   loss statistics, which the trainer accumulates as each rank's share of the *global* minibatch (see
-  `agentrl.training.objective`), so their sum over ranks is the one-process value;
+  `agentrl.training.update.objective`), so their sum over ranks is the one-process value;
 * **weighted means** — per-episode means (``rollout/reward``, ``success``, …) weighted by the rank's non-failed
   episodes, per-turn means by its sampled turns, RTPO per-depth means by its siblings at that depth;
 * **maxima** — ``*max_abs_diff`` (the largest behaviour/π_old log-prob gap on any rank), ``rollout/staleness_max``
@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torchmetrics.aggregation import MaxMetric, MeanMetric, SumMetric
 
-from agentrl.training import distributed
+from agentrl.training.update import distributed
 
 log = logging.getLogger(__name__)
 

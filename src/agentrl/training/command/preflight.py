@@ -34,9 +34,9 @@ from agentrl.models.facts import model_context, module_names
 from agentrl.models.loading import SMOLLM2, check_model_spec
 from agentrl.models.policy import Policy
 from agentrl.models.precision import check_explicit_bf16
-from agentrl.training.async_collect import check_async
-from agentrl.training.checkpoint_io import CheckpointError, check_checkpoint
-from agentrl.training.module import AgentRLModule
+from agentrl.training.rollout.async_collect import check_async
+from agentrl.training.system.checkpoint_io import CheckpointError, check_checkpoint
+from agentrl.training.system.module import AgentRLModule
 
 
 class ConfigError(ValueError):

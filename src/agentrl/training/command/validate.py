@@ -3,7 +3,8 @@
 It is LightningCLI's own ``validate`` subcommand over the same `AgentRLModule` and `RolloutDataModule` as ``agentrl
 fit`` (same config, same checks, same defaults): Lightning loads the checkpoint's weights, the module's
 ``validation_step`` plays ``data.eval_episodes`` held-out tasks (``data.eval_tasks``, ``data.eval_greedy``) once,
-exactly as ``fit``'s base and final evaluations do (`agentrl.training.evaluation`), prints the same one-line result
+exactly as ``fit``'s base and final evaluations do
+(`agentrl.training.system.evaluation`), prints the same one-line result
 and logs ``eval/*``; `agentrl.tracking.TrajectoryLogger` records each episode as a trace tagged ``agentrl.phase =
 eval``. The MLflow run is a new one, named ``<training run name>-eval`` and tagged with what it evaluated
 (``agentrl.evaluation_of``: the checkpoint; ``agentrl.evaluated_run``: the training run id the checkpoint
@@ -86,7 +87,7 @@ def tag_evaluation_run(config: Namespace) -> None:
 
 def run_line(trainer: Any) -> str | None:
     """``run NAME (id ID) in MLflow experiment E; open it with: mlflow ui ...`` for the trainer's MLflow logger."""
-    from agentrl.training.progress import mlflow_ui_command
+    from agentrl.training.command.progress import mlflow_ui_command
 
     logger = next((lg for lg in trainer.loggers if hasattr(lg, "run_id") and hasattr(lg, "experiment_id")), None)
     if logger is None or getattr(logger, "disabled", False):

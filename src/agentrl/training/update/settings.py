@@ -93,7 +93,7 @@ class PPOSettings:
         recompute_old_logprobs: Recompute π_old with the trainer (one no-grad forward per row) before the first
             epoch of each update, instead of taking the engine's recorded log-probs. None (the default) turns it on
             whenever the engine is not the trainer's own fp32 code: a vLLM / ``agentrl serve`` engine, or bf16
-            compute (see `agentrl.training.mismatch`).
+            compute (see `agentrl.training.update.mismatch`).
         correction: How the gap between the engine's log-probs (behaviour) and the recomputed π_old is corrected
             per token: `agentrl.algorithms.truncated_is` (TIS, the default), `agentrl.algorithms.masked_is`
             (token MIS), `agentrl.algorithms.turn_masked_is` (turn MIS), or null (no correction). Applies only when

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor
 
-from agentrl.training.batching import TurnKey, TurnTargets
+from agentrl.training.update.batching import TurnKey, TurnTargets
 from agentrl.types import Trajectory
 
 if TYPE_CHECKING:
     from agentrl.agents.base import Task
     from agentrl.collect.collector import Collector
     from agentrl.runview import StepProgress
-    from agentrl.training.async_collect import MakeBatch
-    from agentrl.training.settings import PPOSettings
+    from agentrl.training.rollout.async_collect import MakeBatch
+    from agentrl.training.update.settings import PPOSettings
 
 
 class Learner(Protocol):
@@ -56,7 +56,7 @@ class Learner(Protocol):
     def collect_batch(self, tasks: list[Task], make: MakeBatch, *, bounded: bool = True) -> list[Trajectory]:
         """The step's first collection, ``make(collector, tasks, rl_step)``: collected now, or (``data.max_staleness``
         >= 1) taken from the batch launched while an earlier step updated, its too-stale episodes dropped when
-        ``bounded`` (`agentrl.training.async_collect`)."""
+        ``bounded`` (`agentrl.training.rollout.async_collect`)."""
         ...
 
     def values(self, trajectories: Sequence[Trajectory], keys: Iterable[TurnKey]) -> dict[TurnKey, list[float]]:

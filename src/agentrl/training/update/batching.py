@@ -51,9 +51,9 @@ class TurnTargets:
         per_token_values: Values sit at every response token (token critic) instead of the first one.
         weight: Loss weight of the turn's tokens (off-policy correction), 1 by default.
         unit: How many aggregation units the turn counts for (1; GRPO's trajectory weighting: 1 / the
-            trajectory's turn count), see `agentrl.training.objective`.
+            trajectory's turn count), see `agentrl.training.update.objective`.
         old_logprobs: π_old of each response token recomputed by the trainer; None takes the engine's recorded
-            (behaviour) log-probs (`agentrl.training.mismatch`).
+            (behaviour) log-probs (`agentrl.training.update.mismatch`).
         token_weights: Per-token behaviour-correction weights (TIS/MIS), multiplied into ``weight``; None: ones.
     """
 

@@ -47,7 +47,7 @@ def sum_tensor(t: torch.Tensor, device: torch.device | None = None) -> torch.Ten
 
 def sum_gradients(params: list[torch.nn.Parameter]) -> None:
     """Replace each gradient by its sum over the ranks (a rank without a gradient contributes zeros). The losses
-    are normalised by global unit counts (see `agentrl.training.objective`), so the sum is the gradient one
+    are normalised by global unit counts (see `agentrl.training.update.objective`), so the sum is the gradient one
     process would compute over every rank's data."""
     if not active() or not params:
         return

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from agentrl.algorithms.correction import mismatch_kl
-from agentrl.training.batching import Row, TurnKey
-from agentrl.training.settings import PPOSettings
+from agentrl.training.update.batching import Row, TurnKey
+from agentrl.training.update.settings import PPOSettings
 from agentrl.types import Trajectory
 
 Scorer = Callable[[Sequence[Trajectory], Iterable[TurnKey]], dict[TurnKey, list[float]]]

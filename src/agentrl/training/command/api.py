@@ -5,7 +5,7 @@
     cli = agentrl.fit("configs/smoke/rtpo.yaml", data={"steps": 2}, model={"optim": {"lr": 1e-4}})
     cli.model.rl_step, cli.trainer.callback_metrics["rollout/reward"]
 
-It is a thin layer over the LightningCLI objects of `agentrl.training.cli` (no second code path): configs are
+It is a thin layer over the LightningCLI objects of `agentrl.training.command.cli` (no second code path): configs are
 ``--config`` files in order, keyword arguments are command-line overrides (``data={"steps": 2}`` is
 ``--data.steps 2``), and the result is the finished `AgentRLCLI` with its ``trainer``, ``model`` and
 ``datamodule``. A wrong key or value raises `ConfigError` with the one-line message of the command.
@@ -18,8 +18,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentrl.training.cli import AgentRLCLI, run_fit
-from agentrl.training.cli_errors import RaisingArgumentParser
+from agentrl.training.command.cli import AgentRLCLI, run_fit
+from agentrl.training.command.cli_errors import RaisingArgumentParser
 
 
 def override_args(overrides: Mapping[str, Any], prefix: str = "") -> list[str]:

@@ -34,10 +34,10 @@ import torch
 
 from agentrl.agents.base import Task
 from agentrl.algorithms.advantages import sibling_advantages
-from agentrl.training.batching import TurnTargets, keys_of
-from agentrl.training.learner import Learner
-from agentrl.training.schedules import Schedule, rollout_metrics
-from agentrl.training.settings import PPOSettings
+from agentrl.training.schedules.base import Schedule, rollout_metrics
+from agentrl.training.schedules.learner import Learner
+from agentrl.training.update.batching import TurnTargets, keys_of
+from agentrl.training.update.settings import PPOSettings
 from agentrl.types import Trajectory
 
 if TYPE_CHECKING:

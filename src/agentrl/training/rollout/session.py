@@ -11,8 +11,8 @@ things, each checked:
   weights, a refresh of its weight copy, a LoRA hot-load for vLLM); its wall time is counted.
 * **play** — held-out episodes for evaluation, with the sampling passed as a value (greedy evaluation is
   ``temperature=0``), outside the training counters.
-* **launch** — start a collection and return at once (bounded-staleness collection, `agentrl.training.async_collect`,
-  waits on it later); no version check: the caller bounds the versions itself.
+* **launch** — start a collection and return at once (bounded-staleness collection,
+  `agentrl.training.rollout.async_collect`, waits on it later); no version check: the caller bounds the versions itself.
 
 Every training collection, waited for or launched, is counted in `activity` (when any was in flight), so a step can
 say what share of its wall time the engine had no work (``perf/engine_idle_frac``); the time the trainer blocked on

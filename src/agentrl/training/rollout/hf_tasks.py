@@ -1,6 +1,7 @@
 """`HFDatasetTasks`: tasks from a split of a Hugging Face ``datasets`` dataset.
 
-Each row becomes one `Task` (the row is ``Task.data``, as a line of `agentrl.training.datamodule.JsonlTasks` is);
+Each row becomes one `Task` (the row is ``Task.data``, as a line of
+`agentrl.training.rollout.datamodule.JsonlTasks` is);
 rows are cycled, so any ``data.steps`` can be run over a split of any size. The dataset is opened the way
 ``datasets`` opens it — a hub id, a builder (``json``, ``parquet``, ``csv``) with ``data_files``, or a local
 folder of such files — or, for a folder written by ``Dataset.save_to_disk``, with ``load_from_disk``. Rows are read

@@ -24,7 +24,7 @@ collected inside the depth loop after the previous depth's push, through `Rollou
 that every sampled sibling turn carries the trainer's version: they stay on-policy (``rollout/staleness_max`` 0).
 
 **Correction.** The recorded log-probs are the behaviour policy's; the trainer recomputes π_old whenever a trained
-turn is stale (`agentrl.training.mismatch`, even when the engine shares the trainer's code) and the truncated
+turn is stale (`agentrl.training.update.mismatch`, even when the engine shares the trainer's code) and the truncated
 importance weights correct behaviour ≠ π_old. `check_async` refuses settings that would skip either.
 """
 
@@ -44,7 +44,7 @@ from agentrl.runview import StepProgress
 from agentrl.types import Trajectory
 
 if TYPE_CHECKING:
-    from agentrl.training.session import RolloutSession
+    from agentrl.training.rollout.session import RolloutSession
 
 MakeBatch = Callable[[Collector, list[Task], int], Coroutine[Any, Any, list[Trajectory]]]
 """What a schedule collects first in a step: ``make(collector, tasks, step)`` (GRPO: the groups; RTPO: trunks)."""

@@ -10,7 +10,7 @@ then shards (`shard_for_training`) every decoder layer of the policy (and of the
   different numbers of micro-batches by design; they agree on the largest count and the others run empty
   micro-batches (`pad_micro_batches`: one padding token, no response token, a zero loss that still backpropagates).
 * **Summed gradients.** FSDP's reduce-scatter averages gradients over the ranks; the trainer's losses are already
-  normalised by global unit counts (`agentrl.training.objective`), so the shards are multiplied back by the world
+  normalised by global unit counts (`agentrl.training.update.objective`), so the shards are multiplied back by the world
   size and the replicated parameters' gradients are all-reduced (`sum_gradients`) — the sum DDP's path computes.
 * **A full copy for the engine.** The embedded engine samples on each rank independently, which sharded weights
   cannot do; it serves an unsharded copy of the policy made before sharding and refreshed from the gathered full
@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from agentrl.training import distributed
-from agentrl.training.batching import Row
+from agentrl.training.update.batching import Row
+from agentrl.training.update import distributed
 
 
 def is_sharded(module: nn.Module) -> bool:
@@ -60,7 +60,7 @@ def pad_micro_batches(micro: list[list[Row]], count: int, pad_id: int) -> list[l
 
 def sum_gradients(params: list[nn.Parameter]) -> None:
     """Gradients summed over the ranks: FSDP's averaged shards are multiplied back by the world size; the
-    replicated parameters' gradients are all-reduced (`agentrl.training.distributed.sum_gradients`)."""
+    replicated parameters' gradients are all-reduced (`agentrl.training.update.distributed.sum_gradients`)."""
     world = dist.get_world_size()
     replicated = []
     for p in params:

@@ -4,9 +4,9 @@ One call (`PPOUpdate.run`) is one update of a schedule's turns:
 
 1. the turns become rows (`RowPlan.rows`); if no rank has any, nothing happens (counted as a skipped update);
 2. π_old is recomputed and the behaviour correction attached when the caller passes a scorer
-   (`agentrl.training.mismatch.with_old_logprobs`);
+   (`agentrl.training.update.mismatch.with_old_logprobs`);
 3. for each epoch, a fresh minibatch order (seeded by the step and the tag); for each minibatch, the unit counts
-   (summed over ranks: see `agentrl.training.objective`), then the micro-batches' losses, each backpropagated
+   (summed over ranks: see `agentrl.training.update.objective`), then the micro-batches' losses, each backpropagated
    through the caller's ``backward`` (Lightning's ``manual_backward``), then one optimizer step
    (`_step_optimizers`): gradients summed over ranks, clipped, checked for non-finite values, stepped.
 
@@ -32,13 +32,13 @@ from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
 from agentrl.runview import StepProgress
 from agentrl.seeding import derive_seed
-from agentrl.training import distributed, sharding
-from agentrl.training.batching import Row, TurnKey, TurnTargets, token_counts
-from agentrl.training.credit import record_update
-from agentrl.training.mismatch import Scorer, with_old_logprobs
-from agentrl.training.objective import MinibatchCounts, fold_identical, informative_samples, ppo_objective
-from agentrl.training.rowplan import RowPlan
-from agentrl.training.settings import CriticSettings, OptimSettings, PPOSettings
+from agentrl.training.update.batching import Row, TurnKey, TurnTargets, token_counts
+from agentrl.training.update.credit import record_update
+from agentrl.training.update.mismatch import Scorer, with_old_logprobs
+from agentrl.training.update.objective import MinibatchCounts, fold_identical, informative_samples, ppo_objective
+from agentrl.training.update import distributed, sharding
+from agentrl.training.update.rowplan import RowPlan
+from agentrl.training.update.settings import CriticSettings, OptimSettings, PPOSettings
 from agentrl.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class PPOUpdate:
         (counts, summed: ``train/minibatches``, ``train/optimizer_steps`` of the policy, ``train/skipped_updates``,
         ``train/early_stopped``), ``train/informative_samples``, ``train/lr_scale`` and the behaviour-correction
         metrics. Every rank must call it, with or without turns. With a ``record``, each turn's credit (the
-        schedule's target and what the loss uses of it) goes into it (`agentrl.training.credit`)."""
+        schedule's target and what the loss uses of it) goes into it (`agentrl.training.update.credit`)."""
         rows = plan.rows(trajectories, targets)
         most_rows = distributed.sync_max(len(rows), plan.device)
         if most_rows == 0:

@@ -21,7 +21,7 @@ with returns 1 and 0 have advantages ±½ that cancel exactly, and an optimizer 
 weight decay only. The policy's optimizer steps only with a non-cancelled advantage (or an entropy/KL term), the
 critic's only with value targets.
 
-Pure of Lightning: the update (`agentrl.training.update`) calls `ppo_objective` for each micro-batch and does the
+Pure of Lightning: the update (`agentrl.training.update.ppo`) calls `ppo_objective` for each micro-batch and does the
 backward itself.
 """
 
@@ -38,8 +38,8 @@ from torch import Tensor
 from agentrl.algorithms.losses import clipped_value_loss, kl_k3, ppo_policy_loss
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
-from agentrl.training.batching import Row
-from agentrl.training.settings import PPOSettings
+from agentrl.training.update.batching import Row
+from agentrl.training.update.settings import PPOSettings
 from agentrl.types import Turn, TurnBatch
 
 CANCELLED = 1e-9  # a folded advantage this small against the largest folded into it counts as cancelled
@@ -63,7 +63,7 @@ def ppo_objective(
     Args:
         shares: This micro-batch's part of the minibatch (`Shares`).
         lockstep: Run the critic even without value targets here (sharded weights: every rank runs the same
-            forwards and backwards, see `agentrl.training.sharding`).
+            forwards and backwards, see `agentrl.training.update.sharding`).
         policy_terms: False when the policy has no signal in the whole minibatch (a critic-only update such as
             the value warm-up): with a critic of its own backbone, the policy's forward is skipped altogether.
     """

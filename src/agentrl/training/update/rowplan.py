@@ -1,7 +1,7 @@
 """`RowPlan`: how selected turns become forward passes — packing into rows, micro-batches under a token budget,
 and, under sharded weights, the lockstep that makes every rank run the same number of forwards.
 
-Both the update (`agentrl.training.update`) and no-gradient scoring (critic values, π_old recompute) go through
+Both the update (`agentrl.training.update.ppo`) and no-gradient scoring (critic values, π_old recompute) go through
 one plan, so a turn is packed, padded and cut back out the same way whichever asks.
 """
 
@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agentrl.training import distributed
-from agentrl.training.batching import (
+from agentrl.training.update.batching import (
     Row,
     TurnKey,
     TurnTargets,
@@ -24,7 +23,8 @@ from agentrl.training.batching import (
     pack_rows,
     score_turns,
 )
-from agentrl.training.sharding import pad_micro_batches
+from agentrl.training.update import distributed
+from agentrl.training.update.sharding import pad_micro_batches
 from agentrl.types import Trajectory, TurnBatch
 
 
@@ -38,7 +38,7 @@ class RowPlan:
         pad_id: Token id of padding.
         device: Where batches go.
         lockstep: Weights are sharded: every rank runs as many forwards as the rank with the most micro-batches
-            (`agentrl.training.sharding`).
+            (`agentrl.training.update.sharding`).
         shared: Rows with equal contexts share their prefix in a micro-batch (`batching.share_prefixes`).
     """
 

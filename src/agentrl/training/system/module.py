@@ -5,16 +5,16 @@ advantages, runs PPO updates, and pushes the new weights to the rollout engine. 
 the step, so Lightning's prefetching of the next batch (a list of tasks) can never run an episode with stale
 weights; every turn is stamped with the policy version, and the session checks the stamps. With
 ``data.max_staleness`` >= 1 the next steps' batches run ahead while the trainer updates, within that bound
-(`agentrl.training.async_collect`).
+(`agentrl.training.rollout.async_collect`).
 
 This module is the thin adapter between Lightning and the parts that do the work:
 
 * the **schedule** (`agentrl.training.schedules`, `rtpo`) decides *what* to collect and *which* turns to train
   with which targets, talking to this module only through the `Learner` protocol;
-* the **rollout session** (`agentrl.training.session`) owns the loop, the engine and the collector;
-* the **PPO update** (`agentrl.training.update`) owns epochs, minibatches, micro-batches, optimizer steps,
-  clipping and the non-finite guard; the **row plan** (`agentrl.training.rowplan`) packs and micro-batches turns;
-* **evaluation** (`agentrl.training.evaluation`) says when to evaluate and plays the held-out tasks.
+* the **rollout session** (`agentrl.training.rollout.session`) owns the loop, the engine and the collector;
+* the **PPO update** (`agentrl.training.update.ppo`) owns epochs, minibatches, micro-batches, optimizer steps,
+  clipping and the non-finite guard; the **row plan** (`agentrl.training.update.rowplan`) packs and micro-batches turns;
+* **evaluation** (`agentrl.training.system.evaluation`) says when to evaluate and plays the held-out tasks.
 
 What stays here is what Lightning needs of a module (optimizers, hooks, checkpoint state, logging) and the
 `RunView` (`agentrl.runview`) that callbacks read.
@@ -40,23 +40,24 @@ from agentrl.models.critic import TurnCritic
 from agentrl.models.memory import PeakRise
 from agentrl.models.policy import Policy
 from agentrl.runview import RunView, SavesModel, StepProgress
-from agentrl.training import distributed, evaluation, memory, sharding
-from agentrl.training.async_collect import LaunchedAhead, Lookahead, MakeBatch, check_async, no_lookahead
-from agentrl.training.batching import TurnKey, TurnTargets
-from agentrl.training.callbacks import DetachOnException
-from agentrl.training.datamodule import RolloutDataModule
-from agentrl.training.metrics import publish_step, reduce_across_ranks, resolved_params
-from agentrl.training.mismatch import needs_old_logprobs
-from agentrl.training.perf import measure_peak_flops, peak_rise_metrics, step_perf_metrics, update_mfu
-from agentrl.training.rowplan import RowPlan
-from agentrl.training.session import RolloutSession
-from agentrl.training.settings import CriticSettings, OptimSettings, PPOSettings
-from agentrl.training.update import NonFiniteUpdateError, PPOUpdate
+from agentrl.training.rollout.async_collect import LaunchedAhead, Lookahead, MakeBatch, check_async, no_lookahead
+from agentrl.training.rollout.datamodule import RolloutDataModule
+from agentrl.training.rollout.session import RolloutSession
+from agentrl.training.system import evaluation
+from agentrl.training.system.callbacks import DetachOnException
+from agentrl.training.system.metrics import publish_step, reduce_across_ranks, resolved_params
+from agentrl.training.system.perf import measure_peak_flops, peak_rise_metrics, step_perf_metrics, update_mfu
+from agentrl.training.update.batching import TurnKey, TurnTargets
+from agentrl.training.update.mismatch import needs_old_logprobs
+from agentrl.training.update import distributed, memory, sharding
+from agentrl.training.update.ppo import NonFiniteUpdateError, PPOUpdate
+from agentrl.training.update.rowplan import RowPlan
+from agentrl.training.update.settings import CriticSettings, OptimSettings, PPOSettings
 from agentrl.types import Trajectory
 
 if TYPE_CHECKING:
     from agentrl.collect.collector import Collector
-    from agentrl.training.schedules import Schedule
+    from agentrl.training.schedules.base import Schedule
 
 __all__ = ["AgentRLModule", "NonFiniteUpdateError"]
 log = logging.getLogger(__name__)
@@ -126,7 +127,7 @@ class AgentRLModule(pl.LightningModule, RunView):
 
     @staticmethod
     def check_args(uses_lora: bool, algorithm: Schedule, micro_batch_tokens: int) -> None:
-        """The checks across arguments (also run by `agentrl.training.preflight` before the model loads)."""
+        """The checks across arguments (also run by `agentrl.training.command.preflight` before the model loads)."""
         if micro_batch_tokens < 1:
             raise ValueError(f"model.micro_batch_tokens must be >= 1, got {micro_batch_tokens}")
         if algorithm.needs_reference and not uses_lora:
@@ -145,7 +146,7 @@ class AgentRLModule(pl.LightningModule, RunView):
 
     def configure_model(self) -> None:
         """Under `ModelParallelStrategy`: shard the policy and the critic (FSDP2), keeping an unsharded copy of
-        the policy for the engine (`agentrl.training.sharding`). Nothing to do under other strategies."""
+        the policy for the engine (`agentrl.training.update.sharding`). Nothing to do under other strategies."""
         mesh = getattr(self, "_device_mesh", None)  # set by ModelParallelStrategy only
         if mesh is not None and not self._full_policy:
             self._full_policy = [sharding.shard_for_training(self.policy, self.critic, mesh["data_parallel"])]
@@ -251,7 +252,7 @@ class AgentRLModule(pl.LightningModule, RunView):
 
     def evaluate(self, label: str) -> dict[str, float]:
         """Play the held-out tasks with the current weights, log ``eval/*`` to every logger and print a line
-        (rank 0; `agentrl.training.evaluation`). Returns the metrics ({} when nothing was played)."""
+        (rank 0; `agentrl.training.system.evaluation`). Returns the metrics ({} when nothing was played)."""
         plan = self._eval_plan
         if not plan.episodes or not self.session.started or not self.trainer.is_global_zero:
             return {}
@@ -344,7 +345,7 @@ class AgentRLModule(pl.LightningModule, RunView):
 
     def update(self, trajectories: Sequence[Trajectory], targets: dict[TurnKey, TurnTargets],
                ppo: PPOSettings, *, tag: str = "") -> dict[str, float]:
-        """PPO epochs × minibatches over the selected turns (`agentrl.training.update.PPOUpdate`).
+        """PPO epochs × minibatches over the selected turns (`agentrl.training.update.ppo.PPOUpdate`).
 
         On several ranks this is the update one process would make over every rank's turns: each minibatch's
         unit counts are summed over the ranks, every micro-batch's loss is scaled by its share of the *global*
@@ -395,7 +396,7 @@ class AgentRLModule(pl.LightningModule, RunView):
         self.step_record = StepRecord()
         self._batch_metrics = {}
         # under DDP, backward passes only accumulate locally; the update sums the gradients itself
-        # (ranks run different numbers of backward passes: see agentrl.training.distributed)
+        # (ranks run different numbers of backward passes: see agentrl.training.update.distributed)
         block_sync = getattr(self.trainer.strategy, "block_backward_sync", contextlib.nullcontext)
         with block_sync():
             metrics = self.algorithm.step(self, list(tasks))

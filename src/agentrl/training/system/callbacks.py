@@ -21,7 +21,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from agentrl.runview import run_view
-from agentrl.training.checkpoint_io import AtomicCheckpointIO, remove_stale_partials
+from agentrl.training.system.checkpoint_io import AtomicCheckpointIO, remove_stale_partials
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """From an update's rows to the per-turn `agentrl.credit.TurnCredit` of the step's record.
 
-`agentrl.training.update.PPOUpdate.run` calls `record_update` with the rows as the schedule planned them (its
+`agentrl.training.update.ppo.PPOUpdate.run` calls `record_update` with the rows as the schedule planned them (its
 targets) and as the loss will use them (identical turns folded, π_old and the correction weights attached), so the
 record says both what the schedule computed and what the update did with it.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agentrl.credit import StepRecord, TurnCredit
-from agentrl.training.batching import Row, TurnKey, TurnTargets
+from agentrl.training.update.batching import Row, TurnKey, TurnTargets
 from agentrl.types import Trajectory
 
 

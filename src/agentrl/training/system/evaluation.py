@@ -23,12 +23,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agentrl.training.schedules import rollout_metrics
+from agentrl.training.schedules.base import rollout_metrics
 
 if TYPE_CHECKING:
     from agentrl.agents.base import Task
-    from agentrl.training.datamodule import RolloutDataModule
-    from agentrl.training.session import RolloutSession
+    from agentrl.training.rollout.datamodule import RolloutDataModule
+    from agentrl.training.rollout.session import RolloutSession
     from agentrl.types import Trajectory
 
 

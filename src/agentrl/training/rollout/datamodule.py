@@ -133,7 +133,7 @@ class RolloutDataModule(pl.LightningDataModule):
             ``eval_every`` steps; 0 disables.
         eval_every: Steps between evaluations (0: only at the start and the end).
         eval_every_tokens: Also evaluate each time the run's generated training tokens cross a multiple of this
-            (0: off); see `agentrl.training.evaluation`.
+            (0: off); see `agentrl.training.system.evaluation`.
         eval_greedy: Play the held-out tasks a second time greedily (temperature 0) and log ``eval/greedy_*``.
         max_generated_tokens: End the run at the first step whose generated training tokens reach this budget
             (None: run ``steps`` steps). Learning comparisons across schedules use it.
@@ -141,7 +141,7 @@ class RolloutDataModule(pl.LightningDataModule):
         max_staleness: How many policy versions the collector may run ahead of the trainer (s). 0: every step's
             episodes are collected inside the step with its weights (synchronous). s >= 1: the next s steps' batches
             are collected while the trainer updates, and a turn sampled more than s versions before the trainer's
-            weights is never trained on (docs/async.md, `agentrl.training.async_collect`).
+            weights is never trained on (docs/async.md, `agentrl.training.rollout.async_collect`).
     """
 
     def __init__(
