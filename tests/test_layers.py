@@ -58,6 +58,16 @@ THIRD_PARTY: dict[int, frozenset[str]] = {
     10: frozenset(),  # cli: starts without importing anything heavy
 }
 
+# inside `agentrl.training`, lowest floor first: a module may import its own subpackage or one on a lower floor;
+# subpackages on one floor stand side by side and import neither other (docs/architecture.md, "Inside training")
+TRAINING = "agentrl.training"
+TRAINING_FLOORS: list[tuple[str, ...]] = [
+    ("update", "rollout"),  # the PPO update / the rollout side: neither knows the other
+    ("schedules",),  # the algorithms, talking to the trainer through the `Learner` protocol
+    ("system",),  # the Lightning system: AgentRLModule and the parts it owns, callbacks
+    ("command",),  # `agentrl fit` / `agentrl validate`, preflight, progress, `agentrl.fit`
+]
+
 # packages beside the core (adapters/, examples/): the core never imports them
 OUTSIDE_THE_CORE: dict[str, str] = {
     "agentrl_langchain": "adapters/langchain/src/agentrl_langchain",
@@ -118,6 +128,36 @@ def imported_modules(source: str, module: str, is_package: bool) -> list[str]:
     return out
 
 
+def training_floor(module: str) -> tuple[int, str]:
+    """``(floor, subpackage)`` of a module inside `agentrl.training` (a module directly in it is refused)."""
+    sub = module.removeprefix(TRAINING + ".").split(".")[0]
+    for floor, names in enumerate(TRAINING_FLOORS):
+        if sub in names:
+            return floor, sub
+    raise AssertionError(f"{module} is in no subpackage of {TRAINING}: add it to TRAINING_FLOORS and to "
+                         "docs/architecture.md")
+
+
+def training_violations(module: str, source: str, is_package: bool = False) -> list[str]:
+    """Why ``module``'s imports break the order of the subpackages of `agentrl.training` (empty when they do not).
+    The package itself (``agentrl.training``: short names, imported on use) is above them all; no module inside
+    imports it."""
+    if not module.startswith(TRAINING + "."):
+        return []
+    own, own_sub = training_floor(module)
+    found = []
+    for name in imported_modules(source, module, is_package):
+        if name == TRAINING:
+            found.append(f"{module} imports {TRAINING} itself: import from the subpackage that holds the name")
+        elif name.startswith(TRAINING + "."):
+            floor, sub = training_floor(name)
+            if floor > own:
+                found.append(f"{module} ({own_sub}, floor {own}) imports {name} ({sub}, floor {floor})")
+            elif floor == own and sub != own_sub:
+                found.append(f"{module} ({own_sub}) imports {name} ({sub}): they stand side by side on floor {own}")
+    return found
+
+
 def violations(module: str, source: str, is_package: bool = False) -> list[str]:
     """Why ``module``'s imports break the layer order or its layer's allowlist (empty when they do not)."""
     own = layer_of(module)
@@ -132,7 +172,7 @@ def violations(module: str, source: str, is_package: bool = False) -> list[str]:
         elif root != "__future__" and root not in sys.stdlib_module_names and root not in THIRD_PARTY[own]:
             allowed = ", ".join(sorted(THIRD_PARTY[own])) or "no third-party package"
             found.append(f"{module} imports {root}; layer {own} ({', '.join(LAYERS[own])}) may import {allowed}")
-    return found
+    return found + training_violations(module, source, is_package)
 
 
 def import_graph(sources: Mapping[str, str], packages: Iterable[str] = ()) -> dict[str, set[str]]:
@@ -269,6 +309,38 @@ def test_the_checker_catches_circles_inside_a_layer() -> None:
     package["agentrl.envs.guess"] = "from agentrl.envs import TextEnv\n"  # the package's __init__ itself
     assert cycles_within_layers(import_graph(package, packages={"agentrl.envs"})) == [
         ["agentrl.envs", "agentrl.envs.guess", "agentrl.envs"]]
+
+
+def test_the_checker_catches_imports_against_the_training_floors() -> None:
+    assert violations("agentrl.training.update.ppo", "from agentrl.training.system.module import AgentRLModule\n") == [
+        "agentrl.training.update.ppo (update, floor 0) imports agentrl.training.system.module (system, floor 2)"]
+    lazy = "def f():\n    from ..command import cli\n"  # lazy and relative, from a package's __init__
+    assert violations("agentrl.training.schedules", lazy, is_package=True) == [
+        "agentrl.training.schedules (schedules, floor 1) imports agentrl.training.command (command, floor 3)"]
+    assert violations("agentrl.training.rollout.session", "from agentrl.training.update import batching\n") == [
+        "agentrl.training.rollout.session (rollout) imports agentrl.training.update (update): they stand side by "
+        "side on floor 0"]
+    assert violations("agentrl.training.system.module", "from agentrl.training import RTPO\n")[0].endswith(
+        "imports agentrl.training itself: import from the subpackage that holds the name")
+    assert violations("agentrl.training.command.cli", "from agentrl.training.system import module\n"
+                      "from agentrl.training.update.ppo import PPOUpdate\nimport agentrl.training.command.keys\n") == []
+    try:
+        violations("agentrl.training.loose", "import os\n")
+    except AssertionError as e:
+        assert "agentrl.training.loose is in no subpackage of agentrl.training" in str(e)
+    else:
+        raise AssertionError("a module directly in agentrl.training was not refused")
+
+
+def test_the_checker_catches_circles_across_the_training_subpackages() -> None:
+    sources = {
+        "agentrl.training.update.ppo": "from agentrl.training.update.rowplan import RowPlan\n",
+        "agentrl.training.update.rowplan": "def f():\n    from agentrl.training.system import module\n",
+        "agentrl.training.system.module": "from agentrl.training.update import ppo\n",
+    }
+    assert cycles_within_layers(import_graph(sources)) == [
+        ["agentrl.training.system.module", "agentrl.training.update.ppo", "agentrl.training.update.rowplan",
+         "agentrl.training.system.module"]]
 
 
 def test_no_source_file_is_over_450_lines() -> None:

@@ -1,9 +1,10 @@
 """`RunView`: what callbacks, the progress display and the tracking code read of a running fit, declared.
 
 `agentrl.training.system.module.AgentRLModule` implements it. The readers (``agentrl.tracking``,
-``agentrl.training.command.progress``, ``agentrl.training.system.callbacks``) sit in layers that must not import the module, so the
-view lives here, in the lowest layer, and they get it with `run_view` — a typed check, not attribute look-ups by
-name. A LightningModule that is not an agentrl run gives None, and the readers skip what they cannot show.
+``agentrl.training.command.progress``, ``agentrl.training.system.callbacks``) sit in layers that must not import
+the module, so the view lives here, in the lowest layer, and they get it with `run_view` — a typed check, not
+attribute look-ups by name. A LightningModule that is not an agentrl run gives None,
+and the readers skip what they cannot show.
 
 It is a small abstract base class rather than a runtime-checkable ``Protocol``: on Python 3.11 ``isinstance``
 against a protocol with properties evaluates each property, and several of these need an attached trainer.

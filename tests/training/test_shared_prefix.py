@@ -14,8 +14,8 @@ from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import LoRASettings, Policy
 from agentrl.training.schedules.grpo import GRPO
 from agentrl.training.schedules.rtpo import RTPO
-from agentrl.training.update.batching import TurnTargets, collate, micro_batches, pack_rows, score_turns, share_prefixes
 from agentrl.training.update import rowplan
+from agentrl.training.update.batching import TurnTargets, collate, micro_batches, pack_rows, score_turns, share_prefixes
 from agentrl.training.update.settings import PPOSettings
 from agentrl.types import Trajectory, Turn
 from tests.training.helpers import GradProbe, fit, guess_data, letter_data, make_module

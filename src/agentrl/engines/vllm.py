@@ -411,8 +411,8 @@ class VLLMEngineSpec:
         self.logprobs_mode = logprobs_mode
 
     def check_sampling(self, sampling: SamplingParams) -> None:
-        """The config-time check (`agentrl.training.command.preflight`): `LogprobsModeError` for a temperature the declared
-        log-prob mode does not report."""
+        """The config-time check (`agentrl.training.command.preflight`): `LogprobsModeError` for a temperature the
+        declared log-prob mode does not report."""
         lpm.check_temperature(self.logprobs_mode, sampling.temperature)
 
     def build(self, policy: Any) -> RolloutEngine:

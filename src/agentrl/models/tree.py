@@ -19,8 +19,8 @@ and the forward pass makes each branch see only the prefix and itself:
 
 Each token then has exactly the context it has in its own row, so log-probs, entropies and values equal the
 separate rows' up to floating-point summation order (a test checks it). A batch without shared-prefix rows has
-``branch`` None (`agentrl.training.update.batching.collate`) and takes the ordinary path: the model's own causal mask and
-``t − 1``. (Whether a batch has branches is decided by None, never by reading the tensor: no device sync.)
+``branch`` None (`agentrl.training.update.batching.collate`) and takes the ordinary path: the model's own causal
+mask and ``t − 1``. (Whether a batch has branches is decided by None, never by reading the tensor: no device sync.)
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 from jsonargparse import Namespace
 
 from agentrl.tracking.store import logger_entries
@@ -85,7 +86,7 @@ def tag_evaluation_run(config: Namespace) -> None:
             init["run_name"] = f"{name}-eval"
 
 
-def run_line(trainer: Any) -> str | None:
+def run_line(trainer: pl.Trainer) -> str | None:
     """``run NAME (id ID) in MLflow experiment E; open it with: mlflow ui ...`` for the trainer's MLflow logger."""
     from agentrl.training.command.progress import mlflow_ui_command
 
@@ -93,7 +94,7 @@ def run_line(trainer: Any) -> str | None:
     if logger is None or getattr(logger, "disabled", False):
         return None
     try:
-        client = logger.experiment
+        client = logger.experiment  # type: ignore[attr-defined]  # an MLFlowLogger (checked above)
         name = client.get_run(logger.run_id).info.run_name
         experiment = client.get_experiment(logger.experiment_id).name
     except Exception as exc:  # a failed store costs the line, not the evaluation

@@ -1,7 +1,7 @@
 """Bounded-staleness collection: the engine collects the next steps' batches while the trainer updates.
 
 ``data.max_staleness = s``. With s = 0 nothing here runs ahead: every step's batch is collected inside the step
-with the weights the trainer is at (`RolloutSession.collect`), exactly today's synchronous loop. With s ≥ 1, right
+with the weights the trainer is at (`RolloutSession.collect`). With s ≥ 1, right
 after step i's batch is taken (and before its update), the batches of steps i+1 … i+s are *launched* on the rollout
 loop (`RolloutSession.launch`) and run while the trainer updates; weights pushed meanwhile are picked up by the
 episodes in flight at their next engine call, so the turns of one episode may carry different versions (partial
@@ -9,19 +9,14 @@ rollouts). When step i+j starts, its batch is taken from the launched collection
 
 **The bound.** Every sampled turn records the version of the weights that sampled it (`Turn.policy_version`). A
 turn more than s versions behind the trainer when its batch is taken is never trained on: its *whole episode is
-dropped* (``rollout/stale_dropped_episodes``). Dropping rather than stopping the episode at the boundary: versions
-only grow along an episode, so its stale turns are its *first* ones; cutting at the boundary would keep a tail
-whose context came from the stale turns, and an episode's return (GRPO's group baseline, the turn GAE's targets)
-belongs to the whole episode. A launched batch for step i+j starts at the version of step i, and group schedules
-push once per step, so at s steps of lookahead the bound holds by construction and the check is the guard that
-proves it (``rollout/staleness_max`` ≤ s). Launched batches are checked to be for the tasks the step was handed.
+dropped* (``rollout/stale_dropped_episodes``): its stale turns are its first ones, and its return belongs to the
+whole episode (docs/async.md). Group schedules push once per step, so the bound holds by
+construction and the check is its guard (``rollout/staleness_max`` ≤ s).
 
 **Which batches run ahead** is the schedule's choice through `Learner.collect_batch`: GRPO, Turn-PPO and token-PPO
 run their whole batch ahead (``bounded=True``). RTPO runs its *trunks* ahead (``bounded=False``): trunks get no
 gradient, they only supply the boundary states S_k, and RTPO pushes once per depth, so a trunk's lag in versions
-is a lag in the state distribution, reported as ``rollout/trunk_lag_{mean,max}``. RTPO's siblings are still
-collected inside the depth loop after the previous depth's push, through `RolloutSession.collect`, which checks
-that every sampled sibling turn carries the trainer's version: they stay on-policy (``rollout/staleness_max`` 0).
+is a lag in the state distribution, reported as ``rollout/trunk_lag_{mean,max}``; its siblings stay on-policy.
 
 **Correction.** The recorded log-probs are the behaviour policy's; the trainer recomputes π_old whenever a trained
 turn is stale (`agentrl.training.update.mismatch`, even when the engine shares the trainer's code) and the truncated
@@ -44,20 +39,21 @@ from agentrl.runview import StepProgress
 from agentrl.types import Trajectory
 
 if TYPE_CHECKING:
+    from agentrl.engines.specs import EngineSpec
     from agentrl.training.rollout.session import RolloutSession
 
 MakeBatch = Callable[[Collector, list[Task], int], Coroutine[Any, Any, list[Trajectory]]]
 """What a schedule collects first in a step: ``make(collector, tasks, step)`` (GRPO: the groups; RTPO: trunks)."""
 
 
-def check_async(max_staleness: int, engine_spec: Any, ppo: Any) -> None:
+def check_async(max_staleness: int, engine_spec: EngineSpec, ppo: Any) -> None:
     """Refuse settings under which ``max_staleness`` ≥ 1 would be wrong: an engine that decodes with the trainer's
     own weights while an optimizer step changes them, or an update that would not recompute π_old and correct
     stale turns."""
     if max_staleness < 1:
         return
     if getattr(engine_spec, "shares_trainer_code", False) and getattr(engine_spec, "weights", None) == "auto":
-        engine_spec.weights = "copy"  # the embedded engine's default resolves to its own copy under overlap
+        engine_spec.weights = "copy"  # type: ignore[attr-defined]  # the embedded engine's default resolves to its own copy under overlap
     if getattr(engine_spec, "shares_trainer_code", False) and getattr(engine_spec, "weights", "shared") != "copy":
         raise ValueError(
             f"data.max_staleness={max_staleness} needs an engine that does not read the trainer's weights while an "

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from agentrl.collect.collector import Collector, CollectStats
     from agentrl.engines.base import RolloutEngine
     from agentrl.engines.specs import EngineSpec
+    from agentrl.models.policy import Policy
 
 T = TypeVar("T")
 MakeCollector = Callable[[Any, Any], "Collector"]
@@ -119,7 +120,7 @@ class RolloutSession:
             raise RuntimeError("the rollout session has no engine yet (fit not started)")
         return self._engine
 
-    def start(self, policy: Any, make_collector: MakeCollector, version: int) -> None:
+    def start(self, policy: Policy, make_collector: MakeCollector, version: int) -> None:
         """Start the loop and the engine on ``policy``, build the collector, and serve ``policy`` as ``version``."""
         self.stop()
         self._runtime = RolloutRuntime()
@@ -146,7 +147,7 @@ class RolloutSession:
             raise RuntimeError("rollout runtime not started")
         return self._runtime.run(coro)
 
-    def push(self, policy: Any, version: int) -> None:
+    def push(self, policy: Policy, version: int) -> None:
         """Serve ``policy``'s weights as ``version``: every later rollout uses them. Its wall time is counted
         (``engine_push_seconds`` / ``engine_pushes``), with the size of the weights the engine holds itself where
         it says (``weights_bytes``: the embedded engine's weight copy, 0 when it shares the policy's)."""

@@ -27,7 +27,8 @@ the downstream turns' ratios.
 from __future__ import annotations
 
 import math
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -95,57 +96,42 @@ class RTPO(Schedule):
         return collector.collect_trunks(tasks, step=step, per_task=self.trunks_per_task)
 
     def step(self, learner: Learner, tasks: list[Task]) -> dict[str, float]:
-        col = learner.collector
-        step = learner.rl_step
+        col, step = learner.collector, learner.rl_step
         trunks = learner.collect_batch(tasks, self.batch, bounded=False)  # max_staleness >= 1: collected ahead
-        metrics = rollout_metrics(trunks)
         ok = [t for t in trunks if not t.failed]
         depth = learner.sync_max(max((t.num_turns for t in ok), default=0))  # same on all ranks
         if self.max_depth is not None:
             depth = min(depth, self.max_depth)
         by_id = {t.id: t for t in tasks}
-        upfront: dict[int, list[Trajectory]] = {}
-        sampled_logprobs: dict[int, dict[tuple[int, int], list[float]]] = {}
-        if self.off_policy_continuation:
-            for k in range(depth):
-                upfront[k] = learner.collect(col.branch(ok, by_id, k, self.siblings, step=step))
-            for k in range(depth):  # π_old of every depth's turn k: the weights that sampled them (θ_0), not θ_{>k}
-                keys = [(b, k) for b, sib in enumerate(upfront[k]) if not sib.failed and sib.num_turns > k]
-                sampled_logprobs[k] = learner.logprobs(upfront[k], keys)
-        per_depth: list[dict[str, float]] = []
-        lags: list[int] = []
-        sibling_success: list[bool] = []  # every sibling episode this step generated (for rollout/generated_*)
-        sibling_count = 0
+
+        def branch(k: int) -> list[Trajectory]:  # the siblings of every trunk at turn k
+            return learner.collect(col.branch(ok, by_id, k, self.siblings, step=step))
+
+        upfront, sampled_logprobs = self._collect_upfront(learner, branch, depth)
+        sweep = _Sweep(rollout_metrics(trunks))
         for k in reversed(range(depth)):
             learner.step_progress.rtpo_depth(k, depth)
-            if self.off_policy_continuation:
-                siblings = upfront[k]
-            else:
-                siblings = learner.collect(col.branch(ok, by_id, k, self.siblings, step=step))
-            # versions behind the weights the depth's update starts from, of the siblings' sampled turns (0 when
-            # on-policy: `collect` checks every sampled sibling turn against the trainer's version)
-            lags += [learner.policy_version - t.policy_version for s in siblings for t in s.turns if not t.forced]
-            sibling_count += len(siblings)
-            sibling_success += [s.success for s in siblings if not s.failed]
-            stats, train = self._update_depth(learner, k, siblings, sampled_logprobs.get(k))
-            per_depth.append(train)
-            metrics.update({f"rtpo/depth{k}/{name}": v for name, v in stats.items()})
+            siblings = upfront[k] if self.off_policy_continuation else branch(k)
+            sweep.siblings(siblings, learner.policy_version)
+            sweep.depth(k, *self._update_depth(learner, k, siblings, sampled_logprobs.get(k)))
             learner.push_weights()
         learner.step_progress.rtpo_depth(None)
         if depth == 0:
             learner.push_weights()
-        metrics.update(_roll_up_depths(per_depth))
-        metrics["rtpo/depths"] = float(depth)
-        # success over every episode the step generated, trunks and siblings alike: the learning-rate sweep's score
-        # (benchmarks/learning_sweep.py), which trunks alone leave blind when a step plays few of them
-        generated = [t.success for t in ok] + sibling_success
-        metrics["rollout/generated_episodes"] = float(len(trunks) + sibling_count)
-        if generated:
-            metrics["rollout/generated_success"] = sum(generated) / len(generated)
-        if lags:
-            metrics["rollout/staleness_mean"] = sum(lags) / len(lags)
-            metrics["rollout/staleness_max"] = float(max(lags))
-        return metrics
+        return sweep.metrics(trunks, ok, depth)
+
+    def _collect_upfront(self, learner: Learner, branch: Callable[[int], list[Trajectory]], depth: int) -> tuple[
+            dict[int, list[Trajectory]], dict[int, dict[tuple[int, int], list[float]]]]:
+        """The off-policy ablation: every depth's siblings collected before any update, and π_old of each depth's
+        turn k, the weights that sampled them (θ_0), not θ_{>k}. Nothing on the default path."""
+        if not self.off_policy_continuation:
+            return {}, {}
+        upfront = {k: branch(k) for k in range(depth)}
+        sampled_logprobs = {}
+        for k in range(depth):
+            keys = [(b, k) for b, sib in enumerate(upfront[k]) if not sib.failed and sib.num_turns > k]
+            sampled_logprobs[k] = learner.logprobs(upfront[k], keys)
+        return upfront, sampled_logprobs
 
     def _update_depth(self, learner: Learner, k: int, siblings: list[Trajectory],
                       old_logprobs: dict[tuple[int, int], list[float]] | None = None) -> tuple[
@@ -187,6 +173,44 @@ class RTPO(Schedule):
             log_w[b] += sum(new - old for new, old in zip(current[(b, n)], recorded, strict=True))
         bound = math.log(clamp)
         return [math.exp(max(-bound, min(bound, w))) for w in log_w]
+
+
+@dataclass
+class _Sweep:
+    """The bookkeeping of one reverse sweep: the step's metrics, each depth's update metrics, and the siblings'
+    lag behind the weights their depth's update starts from and their outcomes."""
+
+    metrics_so_far: dict[str, float]
+    per_depth: list[dict[str, float]] = field(default_factory=list)
+    lags: list[int] = field(default_factory=list)
+    sibling_success: list[bool] = field(default_factory=list)  # every sibling episode (for rollout/generated_*)
+    sibling_count: int = 0
+
+    def siblings(self, siblings: list[Trajectory], policy_version: int) -> None:
+        # versions behind the weights the depth's update starts from, of the siblings' sampled turns (0 when
+        # on-policy: `collect` checks every sampled sibling turn against the trainer's version)
+        self.lags += [policy_version - t.policy_version for s in siblings for t in s.turns if not t.forced]
+        self.sibling_count += len(siblings)
+        self.sibling_success += [s.success for s in siblings if not s.failed]
+
+    def depth(self, k: int, stats: dict[str, float], train: dict[str, float]) -> None:
+        self.per_depth.append(train)
+        self.metrics_so_far.update({f"rtpo/depth{k}/{name}": v for name, v in stats.items()})
+
+    def metrics(self, trunks: list[Trajectory], ok: list[Trajectory], depth: int) -> dict[str, float]:
+        metrics = self.metrics_so_far
+        metrics.update(_roll_up_depths(self.per_depth))
+        metrics["rtpo/depths"] = float(depth)
+        # success over every episode the step generated, trunks and siblings alike: the learning-rate sweep's score
+        # (benchmarks/learning_sweep.py), which trunks alone leave blind when a step plays few of them
+        generated = [t.success for t in ok] + self.sibling_success
+        metrics["rollout/generated_episodes"] = float(len(trunks) + self.sibling_count)
+        if generated:
+            metrics["rollout/generated_success"] = sum(generated) / len(generated)
+        if self.lags:
+            metrics["rollout/staleness_mean"] = sum(self.lags) / len(self.lags)
+            metrics["rollout/staleness_max"] = float(max(self.lags))
+        return metrics
 
 
 def _roll_up_depths(per_depth: list[dict[str, float]]) -> dict[str, float]:

@@ -23,10 +23,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import lightning.pytorch as pl
+
 from agentrl.training.schedules.base import rollout_metrics
+from agentrl.training.system.perf import peak_rise_metrics
 
 if TYPE_CHECKING:
     from agentrl.agents.base import Task
+    from agentrl.models.memory import PeakRise
     from agentrl.training.rollout.datamodule import RolloutDataModule
     from agentrl.training.rollout.session import RolloutSession
     from agentrl.types import Trajectory
@@ -99,39 +103,59 @@ def summary_line(label: str, episodes: int, metrics: Mapping[str, float], greedy
     return f"[agentrl] {label} evaluation on {episodes} held-out episodes: {line}"
 
 
-def publish(trainer: Any, pl_module: Any, held_out: HeldOut, metrics: Mapping[str, float], plan: EvalPlan) -> None:
+def publish(trainer: pl.Trainer, held_out: HeldOut, metrics: Mapping[str, float], plan: EvalPlan) -> None:
     """Log an evaluation's ``metrics`` to every logger (`trainer.logger` is only the first of several) at its step,
     print its line and hand it to the callbacks (`tell_callbacks`: e.g. TrajectoryLogger traces the episodes)."""
     for logger in trainer.loggers:
         logger.log_metrics(dict(metrics), step=held_out.step)
         logger.save()
     print(summary_line(held_out.label, plan.episodes, metrics, plan.greedy), flush=True)
-    tell_callbacks(trainer, pl_module, held_out)
+    tell_callbacks(trainer, held_out)
 
 
-def tell_callbacks(trainer: Any, pl_module: Any, held_out: HeldOut) -> None:
+def tell_callbacks(trainer: pl.Trainer, held_out: HeldOut) -> None:
     """Hand an evaluation to every callback with an ``on_heldout_evaluation(trainer, pl_module, held_out)`` method.
 
     Lightning has no hook for it: the base evaluation runs in the module's ``on_train_start``, the final one in its
     ``on_train_end``, both after the callbacks' hooks of the same name, so a callback would see them late or never.
     """
-    for callback in getattr(trainer, "callbacks", []):
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]  # set by Lightning, not declared
         hook = getattr(callback, "on_heldout_evaluation", None)
         if callable(hook):
-            hook(trainer, pl_module, held_out)
+            hook(trainer, trainer.lightning_module, held_out)
 
 
-def continue_finished_run(trainer: Any, checkpoint: Mapping[str, Any], rl_step: int) -> None:
+def continue_finished_run(trainer: pl.Trainer | None, checkpoint: Mapping[str, Any], rl_step: int) -> None:
     """Resuming a finished run with a larger ``data.steps`` trains the steps it lacks.
 
     A run is one Lightning epoch of ``data.steps`` batches; its last checkpoint records that epoch as done, so
     Lightning's loop (``max_epochs: 1``) would stop at once: the resume trained nothing and printed ``done: 6 steps
     in 0:00:00``. The loop gets one more epoch, over what the task stream (restored at its step) has left.
     """
-    if trainer is None or trainer.state.fn != "fit" or rl_step >= getattr(trainer.datamodule, "steps", 0):
+    if trainer is None or trainer.state.fn != "fit" or rl_step >= getattr(trainer.datamodule, "steps", 0):  # type: ignore[attr-defined]
         return
     progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
     epochs_done = int(progress.get("processed", 0))
     loop = trainer.fit_loop
     if isinstance(loop.max_epochs, int) and 0 <= loop.max_epochs <= epochs_done:
         loop.max_epochs = epochs_done + 1
+
+
+class Evaluator:
+    """The module's held-out evaluations: plays them with the served weights on rank 0, logs ``eval/*`` (with the
+    peak-memory rise of the evaluation) to every logger, prints the line and tells the callbacks."""
+
+    def __init__(self, session: RolloutSession, peak_rise: PeakRise) -> None:
+        self.session, self.peak_rise = session, peak_rise
+
+    def run(self, trainer: pl.Trainer, data: RolloutDataModule, label: str, *, step: int,
+            generated_tokens: int) -> dict[str, float]:
+        """One evaluation labelled ``label`` at RL step ``step``; its metrics ({} when nothing was played)."""
+        plan = EvalPlan.of(data)
+        if not plan.episodes or not self.session.started or not trainer.is_global_zero:
+            return {}
+        held_out = evaluate(self.session, data.eval_task_list(), greedy=plan.greedy,
+                            generated_tokens=generated_tokens, label=label, step=step)
+        metrics = held_out.metrics | peak_rise_metrics(self.peak_rise, evaluation=True)
+        publish(trainer, held_out, metrics, plan)
+        return metrics

@@ -24,13 +24,25 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import Any
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING
 
+import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 from torchmetrics.aggregation import MaxMetric, MeanMetric, SumMetric
 
+from agentrl.training.system.perf import measure_peak_flops, peak_rise_metrics, step_perf_metrics, update_mfu
 from agentrl.training.update import distributed
+
+if TYPE_CHECKING:
+    from agentrl.engines.specs import EngineSpec
+    from agentrl.models.critic import TurnCritic
+    from agentrl.models.memory import PeakRise
+    from agentrl.models.policy import Policy
+    from agentrl.training.rollout.session import RolloutSession
+    from agentrl.training.update.ppo import PPOUpdate
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +110,7 @@ def reduce_across_ranks(metrics: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def resolved_params(policy: Any, engine_spec: Any) -> dict[str, str]:
+def resolved_params(policy: Policy, engine_spec: EngineSpec) -> dict[str, str]:
     """The run parameters that record what ``auto`` settings chose on this machine: the policy's compute dtype and
     its reason, and where the engine spec tells (`agentrl.engines.specs.HFEngineSpec.resolved`) its weights (shared
     or a copy) and decode dtype."""
@@ -109,7 +121,51 @@ def resolved_params(policy: Any, engine_spec: Any) -> dict[str, str]:
             **{f"resolved/{k}": v for k, v in (engine(policy) if engine is not None else {}).items()}}
 
 
-def publish_step(module: Any, metrics: dict[str, float], rl_step: int, batch_size: int) -> None:
+class StepMeter:
+    """One RL step's accounting: what the step cost (the rollout session's and the update's counts, the engine's
+    busy time, wall time, MFU, the peak-memory rise), reduced over the ranks and logged.
+
+    `start` opens a step (what happened before it does not count); the step's first collection leaves its
+    staleness metrics in ``batch_metrics``; `finish` adds the costs to the schedule's metrics; `publish` logs them.
+    """
+
+    def __init__(self, session: RolloutSession, update: PPOUpdate, peak_rise: PeakRise,
+                 peak_flops: float | None) -> None:
+        self.session, self.update, self.peak_rise = session, update, peak_rise
+        self.peak_flops = peak_flops  # of one device, for ``perf/mfu`` (None: measured when the fit starts)
+        self.started = 0.0
+        self.batch_metrics: dict[str, float] = {}
+
+    def fit_starts(self, trainer: pl.Trainer, policy: Policy, engine_spec: EngineSpec,
+                   device: torch.device) -> None:
+        """Measure the device's peak FLOP/s if not given, and record what the ``auto`` settings chose on this
+        machine and why (every logger's run parameters, for review)."""
+        if self.peak_flops is None:
+            self.peak_flops = measure_peak_flops(device, policy.compute_dtype)
+        for logger in trainer.loggers:
+            logger.log_hyperparams(resolved_params(policy, engine_spec))
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+        self.session.take_costs()  # nothing from outside the step counts
+        self.update.take_costs()
+        self.batch_metrics = {}
+
+    def finish(self, metrics: dict[str, float], policy: Policy, critic: TurnCritic | None,
+               policy_version: int) -> dict[str, float]:
+        """The schedule's ``metrics`` with the step's costs, over all ranks (a collective: every rank calls it)."""
+        costs = defaultdict(float, self.session.take_costs() | self.update.take_costs())
+        end = time.perf_counter()
+        costs["engine_busy_seconds"] = self.session.activity.busy(self.started, end)
+        metrics.update(self.batch_metrics)
+        metrics.update(peak_rise_metrics(self.peak_rise))
+        peak = self.peak_flops
+        metrics.update(step_perf_metrics(costs, end - self.started, policy_version,
+                                         mfu=lambda seconds: update_mfu(policy, critic, costs, seconds, peak)))
+        return reduce_across_ranks(metrics)  # every rank's episodes and turns, not rank 0's
+
+
+def publish_step(module: pl.LightningModule, metrics: dict[str, float], rl_step: int, batch_size: int) -> None:
     """Log RL step ``rl_step``'s metrics (already reduced over the ranks) and its progress-bar values.
 
     To the loggers directly, exactly the step's measurements: Lightning's `log_dict` re-logs every key ever logged

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from agentrl.models.memory import PeakRise, resident_mib
+
+if TYPE_CHECKING:
+    from agentrl.models.critic import TurnCritic
+    from agentrl.models.policy import Policy
 
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 2048, reps: int = 3) -> float:
@@ -26,11 +31,11 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32,
     return 2 * n**3 / best
 
 
-def _params(module: Any) -> int:
+def _params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def train_flops(policy: Any, critic: Any, tokens: float, scored_tokens: float) -> float:
+def train_flops(policy: Policy, critic: TurnCritic | None, tokens: float, scored_tokens: float) -> float:
     """FLOPs of forward + backward over ``tokens``: 6 per non-embedding backbone parameter per token (4 when the
     weights are frozen under LoRA; the adapters themselves are negligible), plus the
     LM head, which the trainer applies only to ``scored_tokens``, plus the critic's separate backbone if any.
@@ -41,11 +46,11 @@ def train_flops(policy: Any, critic: Any, tokens: float, scored_tokens: float) -
     per_param = 4.0 if getattr(policy, "uses_lora", False) else 6.0
     flops = per_param * backbone * tokens + per_param * head * scored_tokens
     if critic is not None and critic.backbone is not None:
-        flops += 6.0 * (_params(critic.backbone) - critic.backbone.get_input_embeddings().weight.numel()) * tokens
+        flops += 6.0 * (_params(critic.backbone) - critic.backbone.get_input_embeddings().weight.numel()) * tokens  # type: ignore[operator]
     return flops
 
 
-def update_mfu(policy: Any, critic: Any, costs: Mapping[str, float], train_seconds: float,
+def update_mfu(policy: Policy, critic: TurnCritic | None, costs: Mapping[str, float], train_seconds: float,
                peak_flops: float | None) -> float | None:
     """MFU of a step's update: its FLOPs (`train_flops`) / seconds / peak (None without a peak)."""
     if not peak_flops:

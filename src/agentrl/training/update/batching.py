@@ -1,12 +1,10 @@
 """From trajectories to padded `TurnBatch` tensors, without wasting compute.
 
 **Packing.** With full-history contexts, turn k+1's prompt starts with turn k's prompt + response (the
-`LLMClient` guarantees it by reusing token ids). Scoring every turn as its own row re-reads the conversation
-once per turn (quadratic in the number of turns). Instead, the turns of a trajectory that chain this way are
+`LLMClient` guarantees it by reusing token ids). The turns of a trajectory that chain this way are
 packed into one row — the longest context — and each turn's response tokens are scored at their own positions:
 causal attention makes every token's context exactly the turn's recorded context, so the log-probs, entropies and
-values are the same as per-turn rows (a test checks it). A chain breaks (new row) wherever the next prompt does
-not start with the previous row.
+values are the same as per-turn rows (a test checks it).
 
 **Shared prefixes.** Rows whose contexts are the same tokens up to their first response token (RTPO's siblings
 and the trunk's turn at one depth; a GRPO group's first prompt) can go into one *shared-prefix row*: the context

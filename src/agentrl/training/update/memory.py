@@ -25,7 +25,10 @@ def before_update(release_engine: Callable[[], None]) -> None:
     release_memory()
 
 
-def after_update(module: nn.Module) -> None:
-    """Free the gradients (the next minibatch starts by resetting them) and return freed memory."""
-    module.zero_grad(set_to_none=True)
+def after_update(*trained: nn.Module | None) -> None:
+    """Free the gradients of the ``trained`` modules (the next minibatch starts by resetting them) and return
+    freed memory."""
+    for module in trained:
+        if module is not None:
+            module.zero_grad(set_to_none=True)
     release_memory()

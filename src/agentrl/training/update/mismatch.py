@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,10 +35,14 @@ from agentrl.training.update.batching import Row, TurnKey
 from agentrl.training.update.settings import PPOSettings
 from agentrl.types import Trajectory
 
+if TYPE_CHECKING:
+    from agentrl.engines.specs import EngineSpec
+    from agentrl.models.policy import Policy
+
 Scorer = Callable[[Sequence[Trajectory], Iterable[TurnKey]], dict[TurnKey, list[float]]]
 
 
-def engine_is_trainer(engine_spec: Any, policy: Any) -> bool:
+def engine_is_trainer(engine_spec: EngineSpec, policy: Policy) -> bool:
     """Whether the engine runs the trainer's own fp32 code on its weights (the recorded log-probs are π_old):
     an engine spec that says so (``shares_trainer_code``, the embedded HF engine, on the policy's modules or an
     exact copy of them), fp32 weights, fp32 compute, and an engine decoding in fp32 (``decode_dtype_for``, where
@@ -51,14 +55,14 @@ def engine_is_trainer(engine_spec: Any, policy: Any) -> bool:
             and policy.compute_dtype == torch.float32)
 
 
-def recompute_on(ppo: PPOSettings, engine_spec: Any, policy: Any) -> bool:
+def recompute_on(ppo: PPOSettings, engine_spec: EngineSpec, policy: Policy) -> bool:
     """``ppo.recompute_old_logprobs``, or, when null, whether the engine differs from the trainer."""
     if ppo.recompute_old_logprobs is not None:
         return ppo.recompute_old_logprobs
     return not engine_is_trainer(engine_spec, policy)
 
 
-def needs_old_logprobs(ppo: PPOSettings, engine_spec: Any, policy: Any, trajectories: Sequence[Trajectory],
+def needs_old_logprobs(ppo: PPOSettings, engine_spec: EngineSpec, policy: Policy, trajectories: Sequence[Trajectory],
                        version: int) -> bool:
     """Whether an update recomputes π_old: `recompute_on`, or always when a sampled turn of ``trajectories`` was
     sampled by weights other than ``version`` (bounded-staleness collection): the engine's log-probs are then

@@ -16,10 +16,8 @@ token means, by the micro-batch's share of the minibatch's response tokens.
 
 **Signal** (`fold_identical`, `MinibatchCounts`): identical turns (same context, same reply) are one sample to the
 gradient, so each takes its fold's mean advantage (over the whole update) before anyone asks whether a minibatch has
-a signal — two RTPO siblings that sampled the same reply
-with returns 1 and 0 have advantages ±½ that cancel exactly, and an optimizer step on that would be momentum and
-weight decay only. The policy's optimizer steps only with a non-cancelled advantage (or an entropy/KL term), the
-critic's only with value targets.
+a signal (an optimizer step on cancelled advantages would be momentum and weight decay only). The policy's optimizer
+steps only with a non-cancelled advantage (or an entropy/KL term), the critic's only with value targets.
 
 Pure of Lightning: the update (`agentrl.training.update.ppo`) calls `ppo_objective` for each micro-batch and does the
 backward itself.

@@ -32,11 +32,11 @@ from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
 from agentrl.runview import StepProgress
 from agentrl.seeding import derive_seed
+from agentrl.training.update import distributed, sharding
 from agentrl.training.update.batching import Row, TurnKey, TurnTargets, token_counts
 from agentrl.training.update.credit import record_update
 from agentrl.training.update.mismatch import Scorer, with_old_logprobs
 from agentrl.training.update.objective import MinibatchCounts, fold_identical, informative_samples, ppo_objective
-from agentrl.training.update import distributed, sharding
 from agentrl.training.update.rowplan import RowPlan
 from agentrl.training.update.settings import CriticSettings, OptimSettings, PPOSettings
 from agentrl.types import Trajectory

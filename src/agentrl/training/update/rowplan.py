@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from agentrl.training.update import distributed
 from agentrl.training.update.batching import (
     Row,
     TurnKey,
@@ -23,7 +24,6 @@ from agentrl.training.update.batching import (
     pack_rows,
     score_turns,
 )
-from agentrl.training.update import distributed
 from agentrl.training.update.sharding import pad_micro_batches
 from agentrl.types import Trajectory, TurnBatch
 

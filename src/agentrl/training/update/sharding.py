@@ -22,14 +22,16 @@ Checkpoints are the strategy's distributed checkpoints (a folder per checkpoint;
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from agentrl.training.update.batching import Row
 from agentrl.training.update import distributed
+from agentrl.training.update.batching import Row
+
+M = TypeVar("M", bound=nn.Module)
 
 
 def is_sharded(module: nn.Module) -> bool:
@@ -85,6 +87,15 @@ def refresh_full_copy(sharded: nn.Module, full: nn.Module) -> None:
 
     state = get_model_state_dict(sharded, options=StateDictOptions(full_state_dict=True))
     full.load_state_dict(state)
+
+
+def served(policy: M, full: list[M]) -> M:
+    """The policy the engine runs: ``policy`` itself, or under sharded training its unsharded copy, refreshed with
+    the gathered weights (a collective: every rank calls it)."""
+    if not full:
+        return policy
+    refresh_full_copy(policy, full[0])
+    return full[0]
 
 
 def shard_for_training(policy: nn.Module, critic: nn.Module | None, mesh: Any) -> Any:
