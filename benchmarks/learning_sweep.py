@@ -1,7 +1,7 @@
 """The learning-rate protocol of the learning benchmark: one small sweep per (environment, schedule), chosen on
 training rollouts, never on the held-out games the benchmark reports.
 
-Protocol (issue 26; docs/benchmarks.md "Learning-rate protocol"):
+Protocol (issue 26; docs/benchmarks-log.md "Learning-rate protocol"):
 
 * For each environment and schedule, the policy learning rate is swept over ``--lrs`` (by default 5e-6, 1e-5,
   2e-5; RTPO 1e-5, 2e-5, 4e-5, see `SCHEDULE_LRS`) on the *sweep seeds* (by default seed 10, never one of the

@@ -63,9 +63,9 @@ class HFEngine(WeightSync):
             serve`` uses it to serialise two engines over one peft model and to switch the adapter off for
             base-model requests).
         autocast: Decode under the policy's compute dtype (its autocast). False (the default, as in
-            `agentrl.engines.specs.HFEngineSpec`) decodes in the weights' dtype: bf16 autocast over fp32 weights was
-            measured slower than fp32 for decoding on a 2-core CPU (docs/benchmarks.md: rollouts at 0.94x fp32's
-            speed while the bf16 update ran at 1.32x), while bf16 weights decode in bf16 either way.
+            `agentrl.engines.specs.HFEngineSpec`) decodes in the weights' dtype: bf16 autocast over fp32 weights decodes
+            no faster than fp32 on a CPU (docs/benchmarks-log.md, "fp32 vs the default on the main job"), while bf16
+            weights decode in bf16 either way.
         lean_decode: Decode steps (and a packed copy's prefills) through `agentrl.engines.lean.LeanDecoder` where it
             supports the model.
         pack_weights: With ``lean_decode`` and a bf16 weight copy: hold the copy's projections in oneDNN's blocked
