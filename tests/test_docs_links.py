@@ -67,19 +67,20 @@ def links(path: Path) -> list[tuple[int, str]]:
             for target in LINK.findall(INLINE_CODE.sub("", line))]
 
 
-def broken_links(path: Path) -> list[str]:
-    """What is wrong with each link of ``path`` that does not resolve, one line each."""
+def broken_links(path: Path, root: Path = ROOT) -> list[str]:
+    """What is wrong with each link of ``path`` that does not resolve, one line each (paths shown from ``root``)."""
     problems = []
     for number, target in links(path):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
             continue
         file_part, _, anchor = target.partition("#")
         dest = (path.parent / unquote(file_part)).resolve() if file_part else path
-        where = f"{path.relative_to(ROOT)}:{number}: {target}"
+        where = f"{path.relative_to(root)}:{number}: {target}"
+        shown = dest.relative_to(root) if dest.is_relative_to(root) else dest
         if not dest.exists():
-            problems.append(f"{where} (no file {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest})")
+            problems.append(f"{where} (no file {shown})")
         elif anchor and dest.suffix == ".md" and unquote(anchor) not in anchors(dest):
-            problems.append(f"{where} (no heading with anchor #{unquote(anchor)} in {dest.relative_to(ROOT)})")
+            problems.append(f"{where} (no heading with anchor #{unquote(anchor)} in {shown})")
     return problems
 
 
@@ -100,10 +101,5 @@ def test_the_checker_catches_a_broken_anchor_and_file(tmp_path: Path) -> None:
     page = tmp_path / "a.md"
     page.write_text("[ok](b.md#part-two) [ok](b.md#part-two-1) [bad](b.md#part-three) [gone](c.md)\n"
                     "`[code](nowhere.md)`\n```\n[fenced](nowhere.md)\n```\n[self](#title-here)\n# Title here\n")
-    global ROOT
-    saved, ROOT = ROOT, tmp_path
-    try:
-        problems = broken_links(page)
-    finally:
-        ROOT = saved
+    problems = broken_links(page, root=tmp_path)
     assert [p.split(" (")[0] for p in problems] == ["a.md:1: b.md#part-three", "a.md:1: c.md"]
