@@ -1,8 +1,8 @@
 """A short supervised *format* warm-up for the learning benchmark's FrozenLake and CreditChain cells.
 
 SmolLM2-135M-Instruct wins FrozenLake 2x2 in 3-9 % of held-out games whatever the turn and token limits
-(docs/benchmarks-log.md, "FrozenLake: base success"), below the 10-60 % band the learning benchmark asks for: most of its
-replies are sentences without a direction word. This warm-up teaches the *format only*: it fine-tunes on
+(docs/benchmarks-log.md, "FrozenLake: base success"), below the 10-60 % band the learning benchmark asks for: most
+of its replies are sentences without a direction word. This warm-up teaches the *format only*: it fine-tunes on
 conversations played through the real environment in which every assistant reply is **one direction word drawn
 uniformly at random**, independent of the board. The targets carry no information about which move is right, so
 what RL then learns (which direction, at which turn) is left to RL; every schedule starts from the same warmed-up

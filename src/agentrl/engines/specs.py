@@ -52,8 +52,8 @@ class HFEngineSpec:
         pack_weights: With the lean step on a bf16 copy, hold the copy's projections in oneDNN's blocked layout
             instead of the plain one (`agentrl.engines.lean.packs`: where this CPU's oneDNN has bf16 kernels;
             elsewhere the copy stays plain), with the same weight bytes (projections held once, packed layer by
-            layer at each push), prefills through the lean step. Off by default: it speeds up the decode step's matrix products
-            on a Xeon with AMX, but in the main job it gave no faster rollouts and a higher memory peak
+            layer at each push), prefills through the lean step. Off by default: it speeds up the decode step's
+            matrix products on a Xeon with AMX, but in the main job it gave no faster rollouts and a higher peak
             (docs/benchmarks-log.md, "Packed only"); worth trying where decoding dominates.
 
     Whenever the engine does not decode in fp32 from an fp32 policy computing in fp32, the trainer recomputes
