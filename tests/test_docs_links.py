@@ -1,4 +1,5 @@
-"""Every link in README.md and docs/ resolves: relative file links to files that exist, ``#anchors`` to headings.
+"""Every link in README.md, docs/ and the other READMEs and notes resolves: relative file links to files that
+exist, ``#anchors`` to headings.
 
 Anchors are matched against GitHub's heading slugs (lowercase; characters other than letters, digits, ``_``,
 ``-`` and spaces dropped; each space a ``-``; a repeated slug gets ``-1``, ``-2``, ...). Links inside code
@@ -22,7 +23,9 @@ HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"")
 
 
 def doc_files() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    """README.md, everything under docs/, the adapters' and examples' READMEs, and the notes under benchmarks/."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted(ROOT.glob("adapters/*/README.md")),
+            *sorted(ROOT.glob("examples/README.md")), *sorted((ROOT / "benchmarks").rglob("*.md"))]
 
 
 def _prose_lines(text: str) -> list[tuple[int, str]]:
