@@ -288,7 +288,7 @@ def critic_profile(scorer: CriticScorer, trajs: list[Trajectory], infos: list[di
     """The critic's V(s_n) at each turn n, averaged over the episodes whose (first) decision was right and over those
     whose decision was wrong: a consistent critic that knows the outcome once the decision is made separates them
     from the decision's next turn on; one that separates them only *before* the decision (it reads the cue, not
-    the reply) gives the decision an advantage of the wrong sign (see docs/benchmarks.md, "a trained critic")."""
+    the reply) gives the decision an advantage of the wrong sign (see docs/benchmarks-log.md, "a trained critic")."""
     values = scorer.values(trajs, keys_of(trajs))
     out: dict[str, Any] = {}
     for label, want in (("right", True), ("wrong", False)):

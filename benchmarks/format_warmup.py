@@ -1,8 +1,8 @@
 """A short supervised *format* warm-up for the learning benchmark's FrozenLake and CreditChain cells.
 
 SmolLM2-135M-Instruct wins FrozenLake 2x2 in 3-9 % of held-out games whatever the turn and token limits
-(docs/benchmarks.md, "FrozenLake: base success"), below the 10-60 % band the learning benchmark asks for: most of its
-replies are sentences without a direction word. This warm-up teaches the *format only*: it fine-tunes on
+(docs/benchmarks-log.md, "FrozenLake: base success"), below the 10-60 % band the learning benchmark asks for: most
+of its replies are sentences without a direction word. This warm-up teaches the *format only*: it fine-tunes on
 conversations played through the real environment in which every assistant reply is **one direction word drawn
 uniformly at random**, independent of the board. The targets carry no information about which move is right, so
 what RL then learns (which direction, at which turn) is left to RL; every schedule starts from the same warmed-up
@@ -12,7 +12,7 @@ Writes a model folder (weights and tokenizer, ``save_pretrained``) that ``--mode
 and ``warmup.json`` beside it with the settings, the loss and the valid-reply rate of sampled first replies on
 held-out boards before and after. Deterministic for a given seed on one machine.
 
-CreditChain (``--env creditchain``): SmolLM2 names a colour in 0-3 % of its replies (docs/benchmarks.md, "Credit
+CreditChain (``--env creditchain``): SmolLM2 names a colour in 0-3 % of its replies (docs/benchmarks-log.md, "Credit
 assignment"). The targets are one uniformly random option word per reply, on episodes of every grid setting
 (M in {1, 3}, D in {0, 4, 8}, decisions first and last), each turn rendered as the learning cells' agent sees it
 (the full context since 2026-12-03: the whole conversation so far; before, the summary context's

@@ -7,7 +7,7 @@ branched from the same trunk state, advantages ±(R1 − R2)/2) the share of pai
 and among those the share whose sign favours the better move ("sign right"), the better move's opposite ("wrong"),
 or comes from two *identical* moves whose continuations differed (pure continuation noise; the update folds
 identical replies, so these cancel). It is why a median RTPO update on this task rests on a few samples whose sign
-is right about 2:1 at depth 0 (docs/benchmarks.md, "FrozenLake RTPO").
+is right about 2:1 at depth 0 (docs/benchmarks-log.md, "FrozenLake RTPO").
 
     python benchmarks/frozenlake_signal.py
 """

@@ -271,7 +271,7 @@ cell of an older version, where before such cells had to be found and deleted by
 Version 2 (2026-12-05): the engine's sampler draws one uniform a token (commit 99eef8f) where it drew a
 vocabulary's worth of exponentials: the same distribution, another stream, so a seed's episodes, and what a
 cell learns from them, differ (CreditChain D = 4 Turn-PPO seed 0: 0.625 before, 0.969 after). The cells run
-after that commit and before this bump (stop 49's, named in docs/benchmarks.md) were marked version 2 by hand."""
+after that commit and before this bump (2026-12-05, named in docs/benchmarks-log.md) were marked version 2 by hand."""
 
 
 def settings_digest(env: str, schedule: str, extra: list[str]) -> str:

@@ -2,32 +2,24 @@
 
 * **Weight sync is a version bump, or a copy.** With ``weights="shared"`` the engine runs the very modules the
   trainer updates, and `update_weights` only bumps the version; with ``weights="copy"`` it decodes with its own
-  copy in ``decode_dtype`` (bf16 where the CPU has native bf16 matmuls: half the bytes read per decode step), which
-  `update_weights` refreshes in place (`agentrl.engines.weights`). Either way the prefix cache is dropped (its KV
-  was computed with the old weights).
+  copy in ``decode_dtype`` (bf16 where the CPU has native bf16 matmuls), refreshed in place
+  (`agentrl.engines.weights`). Either way the prefix cache is dropped: its KV was computed with the old weights.
 * **Continuous batching.** Concurrent `generate` calls from many episodes join one decode batch; a request is
-  admitted as soon as a slot is free (``max_batch_size``) and leaves as soon as it stops, without waiting for the
-  rest of the batch (static batching, as ``model.generate`` does, waits for the longest).
+  admitted as soon as a slot is free (``max_batch_size``) and leaves as soon as it stops.
 * **Prefix KV reuse.** A prompt that starts with the exact token ids of a stored prompt or finished turn reuses
-  their KV and prefills only the new tokens (see `agentrl.engines.kvcache.PrefixStore`). In a multi-turn episode
-  turn k+1's prompt is turn k's prompt + response + the new observation, so the conversation is not re-read.
-* **Batched prefill.** Requests admitted together are prefilled in one forward (each on its own stored prefix).
-* **Per-request seeded sampling, batched.** Each request samples from its own ``torch.Generator``, one draw a
-  token, so its tokens do not depend on which other requests share the batch; the softmax and the search run over
-  the whole batch at once (`agentrl.engines.sampling`).
-* **A lean decode step.** Decode steps of Llama-architecture models run `agentrl.engines.lean` (the same arithmetic
-  on the same weights, fused projections on the engine's own copy), and so do the prefills of a copy held packed
-  (`LeanDecoder.prefill`: it has no plain projections for transformers' modules); other prefills, and models the lean
-  step does not support, go through transformers.
-* **A request fails or leaves alone.** An error while prefilling or sampling one request (its stop callback, a
-  non-finite distribution) fails that request only; the rest of the batch goes on. Only an error in the batched
-  forward pass, which no single request owns, fails every request in flight. A caller that cancels its
-  ``generate`` (the HTTP server does when the client disconnects) has its request dropped from the queue or the
-  decode batch before the next step, which frees its KV rows (``stats.cancelled`` counts them).
+  their KV and prefills only the new tokens (`agentrl.engines.kvcache.PrefixStore`), so a multi-turn episode's
+  conversation is not re-read at every turn. Requests admitted together are prefilled in one forward.
+* **Per-request seeded sampling, batched** (`agentrl.engines.sampling`): a request's tokens do not depend on which
+  other requests share its batch.
+* **A lean decode step** for Llama-architecture models (`agentrl.engines.lean`); other models, and the prefills of
+  an unpacked model, go through transformers.
+* **A request fails or leaves alone.** An error while prefilling or sampling one request fails that request only;
+  only an error in the batched forward, which no request owns, fails every request in flight. A cancelled
+  ``generate`` (the HTTP server cancels when the client disconnects) is dropped before the next step, freeing its
+  KV rows (``stats.cancelled``).
 
-Model steps run where `agentrl.engines.worker` puts them: on the thread that waits for the rollouts (the trainer's,
-during a collection), else on the engine's own worker thread; never on the event loop's, so tool calls and env steps
-go on meanwhile.
+Model steps run where `agentrl.engines.worker` puts them, never on the event loop's thread, so tool calls and env
+steps go on meanwhile.
 """
 
 from __future__ import annotations
@@ -71,9 +63,9 @@ class HFEngine(WeightSync):
             serve`` uses it to serialise two engines over one peft model and to switch the adapter off for
             base-model requests).
         autocast: Decode under the policy's compute dtype (its autocast). False (the default, as in
-            `agentrl.engines.specs.HFEngineSpec`) decodes in the weights' dtype: bf16 autocast over fp32 weights was
-            measured slower than fp32 for decoding on a 2-core CPU (docs/benchmarks.md: rollouts at 0.94x fp32's
-            speed while the bf16 update ran at 1.32x), while bf16 weights decode in bf16 either way.
+            `agentrl.engines.specs.HFEngineSpec`) decodes in the weights' dtype: bf16 autocast over fp32 weights decodes
+            no faster than fp32 on a CPU (docs/benchmarks-log.md, "fp32 vs the default on the main job"), while bf16
+            weights decode in bf16 either way.
         lean_decode: Decode steps (and a packed copy's prefills) through `agentrl.engines.lean.LeanDecoder` where it
             supports the model.
         pack_weights: With ``lean_decode`` and a bf16 weight copy: hold the copy's projections in oneDNN's blocked

@@ -5,29 +5,20 @@
 where transformers' modules add per-step work that a single new token does not need (a 4-D mask, the key/value
 heads repeated for each query head, module and cache bookkeeping):
 
-* the root-mean-square norms as transformers computes them (in fp32, scaled in the model's dtype), and the rotary
-  embedding from the model's own ``inv_freq``;
-* the new keys and values appended into the engine's `agentrl.engines.kvcache.GrowLayer` buffers, and one fused
-  attention call a layer in which the query heads sharing a key/value head are that head's query positions
-  (nothing causal among them; no ``repeat_kv`` copy);
-* on the engine's own weight copy, the q/k/v projections and the gate/up projections each laid out as one matrix
-  (`fuse_rows`: the modules' weights become views of it, so no memory is added and a push refreshes it in place):
-  two matrix products a layer instead of five;
-* on a bf16 copy (``pack``), every projection held in oneDNN's blocked layout for this CPU instead of the plain one
-  (`torch.ops.mkldnn._reorder_linear_weight`, what inductor's frozen CPU graphs use), and multiplied by
-  ``torch.ops.mkldnn._linear_pointwise``: the same kernel family as ``linear`` and bit-for-bit its result, but
-  without re-laying out the weight at every call — 34 % less matmul time a 16-row step on a Xeon with AMX (18.1 against
-  12.0 ms, docs/benchmarks.md). Packed at each weight push (its cost is the push's; before the first push, at the first
-  model step), layer by layer, each layer's plain projections freed as it goes (`LeanDecoder._pack_and_drop`): the
-  copy holds them once, and a push refreshes them into new storage before packing again. Off unless the engine asks
-  for it (``engine.pack_weights``): measured in the main job, it did not pay there (docs/benchmarks.md).
+* the norms and rotary embedding computed as transformers computes them;
+* new keys and values appended into the engine's `agentrl.engines.kvcache.GrowLayer` buffers, and one fused
+  attention call a layer, the query heads that share a key/value head laid out as that head's positions (no
+  ``repeat_kv`` copy);
+* on the engine's own weight copy, q/k/v and gate/up each held as one matrix (`fuse_rows`, views that a push
+  refreshes in place): two matrix products a layer instead of five;
+* on a bf16 copy with ``pack``, every projection held in oneDNN's blocked layout and multiplied by
+  ``torch.ops.mkldnn._linear_pointwise`` (bit-for-bit ``linear``'s result, without re-laying out the weight at
+  every call). Packed layer by layer at each push, freeing the plain projections as it goes. Off unless the engine
+  asks (``engine.pack_weights``): it did not pay in the main job.
 
-`LeanDecoder.prefill` is the same layer arithmetic over T new tokens a row (causal within them, after the cached
-ones): the engine prefills a copy held packed through it, since such a copy has nothing left for transformers'
-modules to multiply; every other prefill (an unpacked copy, the trainer's shared weights, a model it does not
-`supports`) goes through transformers.
-Equal to transformers' logits and cache to fp32 rounding (``tests/engines/test_lean.py``); the speed is in
-docs/benchmarks.md ("Decode against the roofline").
+`LeanDecoder.prefill` is the same arithmetic over T new tokens a row; the engine uses it only for a packed copy,
+which has nothing left for transformers' modules to multiply. Equal to transformers' logits and cache to fp32
+rounding (``tests/engines/test_lean.py``); the timings are in docs/benchmarks-log.md ("Roofline").
 """
 
 from __future__ import annotations

@@ -8,12 +8,11 @@ cumulative sums, the search, the log-prob gather) runs once over the whole batch
 not depend on which other requests share its batch, and its generator advances by exactly one draw per sampled
 token.
 
-Why not ``torch.multinomial`` (the engine's first sampler, then an exact batched copy of it): on CPU it draws one
-``Exp(1)`` number per *vocabulary entry* (the exponential race, ``argmax(p / q)``), serially per generator — 49,152
-draws a token for SmolLM2, 10.7 ms of a 16-row decode step on the 2-core EPYC of ``benchmarks/results/
-roofline_epyc_zen5_idle.json`` (about a fifth of the step; splitting the rows over threads did not shorten it
-there). One draw a token costs about 1 ms for the same batch. The price is that a seed gives other tokens than
-``multinomial`` with that seed; the distribution is the same (``tests/engines/test_sampling.py`` checks it).
+Why not ``torch.multinomial`` (the engine's first sampler): on CPU it draws one ``Exp(1)`` number per
+*vocabulary entry* (the exponential race, ``argmax(p / q)``), serially per generator, which made sampling a large
+share of a decode step; one draw a token is about ten times cheaper (figures: docs/benchmarks-log.md, "AMD EPYC
+(Zen 5), idle"). The price is that a seed gives other tokens than ``multinomial`` with that seed; the distribution
+is the same (``tests/engines/test_sampling.py`` checks it).
 """
 
 from __future__ import annotations

@@ -29,17 +29,17 @@ class HFEngineSpec:
         max_context: Context window (default: the model's).
         compute_dtype: With ``weights: shared`` only. ``float32`` decodes in fp32 whatever the trainer computes in;
             ``policy`` decodes under the policy's compute dtype (bf16 autocast when ``policy.compute_dtype``
-            resolves to bf16). bf16 *autocast* over fp32 weights was measured slower than fp32 for decoding on the
-            2-core CPU (docs/benchmarks.md: 0.94x fp32's tokens/s): a bf16 decode pays only with bf16 *weights*,
-            which is what ``weights: copy`` gives.
+            resolves to bf16). bf16 *autocast* over fp32 weights decodes no faster than fp32 on a CPU (it casts the
+            weights every step): a bf16 decode pays only with bf16 *weights*, which is what ``weights: copy`` gives
+            (figures: docs/benchmarks-log.md, "Rollouts").
         weights: ``auto`` (the default) is ``copy`` where the copy decodes in a cheaper dtype than fp32 — bf16 on
             a device with native bf16 matmuls and a model at least `agentrl.models.precision.MIN_WIDTH` wide, and
             an unsharded policy — and ``shared`` elsewhere (`agentrl.engines.weights.resolve_weights`; with
             ``data.max_staleness >= 1`` it is always ``copy``). ``copy`` decodes with the engine's own copy of the
             model in ``decode_dtype``, refreshed at every push (`agentrl.engines.weights`; its cost is logged as
-            ``perf/engine_push_s``, its size as ``perf/engine_weights_mib``): 1.8-2.4x the fp32 decode speed on a
-            CPU with native bf16 (docs/benchmarks.md), at the cost of its memory (+257 MiB for SmolLM2-135M in
-            bf16) and a π_old recompute by the trainer. ``shared`` runs the trainer's own modules (no extra
+            ``perf/engine_push_s``, its size as ``perf/engine_weights_mib``): faster decoding on a CPU with native
+            bf16 (docs/benchmarks.md, "Rollouts"), at the cost of the copy's memory and a π_old recompute by the
+            trainer. ``shared`` runs the trainer's own modules (no extra
             memory, fp32 rollouts from an fp32 policy whose log-probs are the trainer's π_old).
         decode_dtype: With ``weights: copy`` or ``auto``: the copy's dtype. ``auto`` is bf16 where the device has native
             bf16 matmuls (CPU flags ``avx512_bf16`` / ``amx_bf16``, CUDA's bf16 support) and the model is at least
@@ -51,12 +51,10 @@ class HFEngineSpec:
             decode through transformers whatever this says. False decodes through transformers always.
         pack_weights: With the lean step on a bf16 copy, hold the copy's projections in oneDNN's blocked layout
             instead of the plain one (`agentrl.engines.lean.packs`: where this CPU's oneDNN has bf16 kernels;
-            elsewhere the copy stays plain): the decode step's matrix products a third faster on a Xeon with AMX (a
-            16-row step 34 → 27-31 ms), the same weight bytes (projections held once, packed layer by layer at each
-            push), prefills through the lean step. Off by default: in the main job, one run after the other on an
-            idle Xeon, it gave no faster rollouts (140 against 145 tokens/s), 50-80 MiB more resident between steps
-            and a 214 MiB higher peak (4,341 against 4,127 MiB; docs/benchmarks.md, "Packed only"); worth trying
-            where decoding dominates.
+            elsewhere the copy stays plain), with the same weight bytes (projections held once, packed layer by
+            layer at each push), prefills through the lean step. Off by default: it speeds up the decode step's
+            matrix products on a Xeon with AMX, but in the main job it gave no faster rollouts and a higher peak
+            (docs/benchmarks-log.md, "Packed only"); worth trying where decoding dominates.
 
     Whenever the engine does not decode in fp32 from an fp32 policy computing in fp32, the trainer recomputes
     π_old (`agentrl.training.update.mismatch`); an fp32 copy of an fp32 policy runs the trainer's code on equal weights.

@@ -1,38 +1,26 @@
 """`VLLMEngine`: the rollout engine as an HTTP client of vLLM's OpenAI-compatible server (or ``agentrl serve``).
 
 * **Token ids in and out.** ``generate`` posts the exact prompt ids to ``/v1/completions`` with
-  ``return_token_ids`` and ``logprobs: 0`` (vLLM then returns the sampled token's log-prob, and in
-  ``top_logprobs`` nothing else) and reads ``choices[0].token_ids`` and ``logprobs.token_logprobs``. A stop token is
-  the last of ``token_ids`` (vLLM keeps it in the ids; ``include_stop_str_in_output`` only decides whether its
-  text is in ``text``, which is not used). The response's ``prompt_token_ids`` must equal the ids sent.
+  ``return_token_ids`` and ``logprobs: 0`` and reads ``choices[0].token_ids`` and ``logprobs.token_logprobs``
+  (a stop token is the last id). The response's ``prompt_token_ids`` must equal the ids sent.
 * **Stops.** ``SamplingParams.stop_token_ids=None`` keeps the server's EOS handling; a tuple is sent as
-  ``stop_token_ids`` with ``ignore_eos: true``, so the completion stops on exactly those ids, as `HFEngine` does
-  (vLLM still adds stop ids from the model's ``generation_config.json``, if it lists any).
+  ``stop_token_ids`` with ``ignore_eos: true``, so the completion stops on exactly those ids, as `HFEngine` does.
 * **Log-probs.** ``logprobs_mode`` declares the server's ``--logprobs-mode``; with vLLM's default ``raw_logprobs``
-  (before temperature) a temperature other than 1 raises `LogprobsModeError` before any rollout (`preflight`, and
-  every ``generate``); see `agentrl.engines.logprobs_mode`. The trainer recomputes π_old and corrects the rest.
-* **Servers.** Several base URLs can be given; each session (episode) is pinned to one server by a stable hash of
-  its id, so its turns hit the server that holds their prefix in cache.
-* **Faults.** ``timeout`` bounds a whole call, retries and backoff included (a server that drips one byte at a
-  time cannot hold a call longer): past it the call raises `EngineTimeout`. A request that never reached the
-  server (connection refused or reset, connect timeout) or got a 5xx answer is resent with exponential backoff up
-  to ``retries`` times, then raises `EngineUnavailable` naming the URL. A request that reached the server and
-  got no answer in time (read or write timeout) is **not** resent (except idempotent GETs): the server is busy
-  with it, and a second copy would only add load. 4xx answers raise `EngineRequestError` at once; a 200 whose body
-  is not JSON raises `EngineProtocolError` naming the URL with an excerpt of the body. A server that no longer
-  knows the pushed adapter (it restarted: ``404 The model `agentrl-v6` does not exist``) gets the adapter pushed
-  again from ``adapter_dir``, and the request is sent once more.
-* **Pushes while requests are in flight** (bounded-staleness collection, ``data.max_staleness`` >= 1). A request
-  is stamped with the version of the adapter it names. One that a push's load overtook (its 404 names an adapter
-  that a push is replacing or has replaced) waits for the push to finish and is sent once more naming the new
-  adapter, stamped with the new version; it never loads the replaced adapter back. The previous adapter is unloaded
-  only once no request naming it is in flight (the push waits for them), so no request loses its adapter mid-way.
-* **Weight sync is a LoRA hot-load.** ``update_weights`` saves the policy's adapter to ``adapter_dir/agentrl-v<N>``
-  (``save_pretrained``: safetensors), posts ``/v1/load_lora_adapter`` to every server, routes later requests to
-  that name, unloads the previous adapter and deletes its folder. The folder must be readable by the servers
-  (same machine or a shared file system). vLLM needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, ``--enable-lora``,
-  ``--max-lora-rank`` >= the rank and ``--max-loras`` >= 2. Full-weight sync (no LoRA) is not implemented: it needs
-  vLLM's weight-transfer API (NCCL between trainer and server GPUs); see docs/vllm.md.
+  a temperature other than 1 raises `LogprobsModeError` before any rollout (`agentrl.engines.logprobs_mode`).
+* **Servers.** Each episode is pinned to one of several base URLs (by a hash of its id) for its prefix cache.
+* **Faults.** ``timeout`` bounds a whole call, retries included (`EngineTimeout`). A request that never reached the
+  server, or got a 5xx, is resent with exponential backoff up to ``retries`` times, then raises
+  `EngineUnavailable`; one that reached the server and timed out is not resent. 4xx raises `EngineRequestError`,
+  a non-JSON 200 `EngineProtocolError`. A server that lost the pushed adapter (it
+  restarted) gets it pushed again from ``adapter_dir`` and the request sent once more.
+* **Pushes while requests are in flight** (``data.max_staleness`` >= 1). A request is stamped with the version of
+  the adapter it names; one that a push overtook is resent naming the new adapter. The previous adapter is
+  unloaded once no request names it.
+* **Weight sync is a LoRA hot-load.** ``update_weights`` saves the adapter to ``adapter_dir/agentrl-v<N>``, posts
+  ``/v1/load_lora_adapter`` to every server, routes later requests to it, then unloads and deletes the previous
+  one. The folder must be readable by the servers, and vLLM needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``,
+  ``--enable-lora``, ``--max-lora-rank`` >= the rank and ``--max-loras`` >= 2. Full-weight sync is not
+  implemented (docs/vllm.md).
 """
 
 from __future__ import annotations

@@ -8,12 +8,10 @@ ahead of the trainer).
 
 Why the waiting thread: torch's CPU kernels run on an OpenMP team, and every thread that runs one gets its own team.
 With the trainer's team and a worker's team both alive, GNU OpenMP has more threads than cores and stops spinning
-between parallel regions, so each of a decode step's ~300 small operators pays a thread wake-up: one 16-row decode
-step of SmolLM2 took 39-47 ms on the engine's thread against 30-32 ms with every model step on the one thread that
-had run torch before (2-core EPYC, ``benchmarks/decode_step.py``; a 16×576×1536 bf16 matmul: 57 µs with one team,
-100-107 µs as soon as a second exists, whichever thread calls it). The trainer's thread is idle while it waits, so
-lending it costs nothing. The dedicated thread also keeps the steps' allocations in one glibc arena (the loop's
-``to_thread`` pool spread them over six).
+between parallel regions, so each of a decode step's ~300 small operators pays a thread wake-up and the step
+runs markedly slower (measured with ``benchmarks/decode_step.py``: docs/benchmarks-log.md, "AMD EPYC (Zen 5),
+idle"). The trainer's thread is idle while it waits, so lending it costs nothing. The dedicated thread also keeps
+the steps' allocations in one glibc arena, where a ``to_thread`` pool would spread them over several.
 
 Each step runs inside the caller's step context (``agentrl serve`` serialises two engines over one peft model with
 it), in inference mode, without the lending thread's autocast, with the model in eval mode for the step, and its

@@ -1,8 +1,8 @@
 """The compute dtype ``auto``: bf16 autocast where the device has native bf16 matmuls, else fp32 — a rule, not a timing.
 
 bf16 autocast roughly halves the update time on CPUs with native bf16 matmuls (AVX-512 BF16 / AMX) and on any
-recent GPU. On a CPU without them a bf16 matmul falls to a reference kernel: measured on an AVX2-only AMD EPYC,
-1.2 GFLOP/s against 29 in fp32 at 512³, and a training step that looks hung. bf16 changes the numbers, so the
+recent GPU. On a CPU without them a bf16 matmul falls to a reference kernel, many times slower than fp32, and a
+training step looks hung (figures: docs/benchmarks-log.md, "AMD EPYC (Zen 5), busy"). bf16 changes the numbers, so the
 engine's recorded log-probs stop being the trainer's π_old: the trainer then recomputes π_old and corrects the gap
 (`agentrl.training.update.mismatch`), which is what makes bf16 safe to turn on by default.
 

@@ -2,35 +2,25 @@
 with turn-level credit and RTPO replay.
 
 ``POST /episodes/<episode-id>/v1/chat/completions`` (streaming and not, tools, n = 1) and ``GET .../v1/models``
-on 127.0.0.1. Each request goes through that episode's `agentrl.agents.llm.LLMClient`: the OpenAI messages are
-converted exactly as ``agentrl serve`` converts them (`agentrl.serve.serving.template_messages`: tool calls and
-results in the Hermes form unless the template renders tools), the client renders them with the one chat rendering
-(`agentrl.chat.render.render_prompt`), reuses the previous turn's token ids, samples (or, for an RTPO sibling
-before its branch turn, checks the prompt against the trunk's and replays the trunk's response), records the turn
-with its exact prompt ids, response ids and behaviour log-probs, and parses tool calls with its tool parser. The
-answer is built from that record: tool calls with ids ``call_<turn>_<i>`` (the same on replay, so a replayed
-conversation renders the same), ``finish_reason: "tool_calls"`` when the model called tools.
+on 127.0.0.1. Each request goes through that episode's `agentrl.agents.llm.LLMClient`: the messages are converted
+as ``agentrl serve`` converts them (`agentrl.serve.serving.template_messages`), rendered with the one chat
+rendering (`agentrl.chat.render.render_prompt`), sampled (or, for an RTPO sibling before its branch turn, checked
+against the trunk's prompt and replayed), recorded with exact prompt ids, response ids and behaviour log-probs,
+and parsed for tool calls. The answer is built from that record; tool call ids ``call_<turn>_<i>`` are the same on
+replay, so a replayed conversation renders the same.
 
-Sampling belongs to the trainer (``data.sampling``): a request that asks for other sampling (temperature, top_p,
-top_k, seed, stop strings, logprobs, a smaller max_tokens, a forced ``tool_choice``, n > 1) is refused with 400
-rather than answered with something else; fields ``agentrl serve`` does not implement are refused the same way
-(`agentrl.serve.openai_protocol.unsupported_fields`). Unknown and finished episodes get 404, a wrong or missing key
-401, all in the OpenAI error shape (`agentrl.serve.openai_protocol.error_body`). A turn limit or full context
-(`EpisodeTruncated`) and a replay mismatch (`ReplayMismatchError`) answer 400 and are recorded on the episode's
-route, so `agentrl.agents.http_agent.HTTPAgent` ends the episode truncated or failed whatever the agent did with
-the error.
+Sampling belongs to the trainer (``data.sampling``): a request asking for other sampling (temperature, top_p,
+seed, stop strings, logprobs, a forced ``tool_choice``, n > 1, ...) or for fields ``agentrl serve`` does not
+implement is refused with 400 (`agentrl.serve.openai_protocol.unsupported_fields`). Unknown and finished episodes
+get 404, a wrong key 401, in the OpenAI error shape. A turn limit or full context (`EpisodeTruncated`) and a
+replay mismatch (`ReplayMismatchError`) answer 400 and are recorded on the episode's route, so
+`agentrl.agents.http_agent.HTTPAgent` ends the episode truncated or failed whatever the agent did with the error.
 
-Why the server runs on the rollout loop (and not on a loop of its own in another thread): the episodes'
-`LLMClient` objects, their locks and the engine belong to the collector's loop (`agentrl.collect.runtime`). With
-the uvicorn server as a task on that same loop, a handler simply awaits ``llm.chat``: no hand-off through
-``run_coroutine_threadsafe`` and back per request, no asyncio object touched from a foreign loop, and the
-gateway's life ends with the loop's (`RolloutRuntime.close` cancels the server task, which closes its socket).
-It costs nothing in parallelism: the GIL serialises Python anyway, the engine's forward passes run in worker
-threads, and request parsing is small next to a forward pass (a conversation too long for the context is refused
-from its length alone, and long ones render and tokenize in a worker thread, so one request cannot hold the loop).
-Agents still run where they must: an async ``run`` on the loop (its HTTP requests are awaited, so the server keeps
-answering), a sync ``run`` in a worker thread.
-The server starts lazily, on the first episode that asks for a route, on whichever loop that episode runs on.
+The server runs as a task on the rollout loop, not on a loop of its own: the episodes' clients, their locks and
+the engine belong to that loop (`agentrl.collect.runtime`), so a handler simply awaits ``llm.chat`` with no
+cross-thread hand-off, and the gateway ends with the loop. It costs no parallelism: forward passes run in worker
+threads, and long conversations render in one too. An async agent ``run`` runs on the loop, a sync one in a worker
+thread. The server starts lazily, on the first episode that asks for a route.
 """
 
 from __future__ import annotations

@@ -5,22 +5,18 @@ way:
 
 * **One error shape.** Every error answer, whatever raised it (a `ServeError`, a request that does not validate,
   a body that is not JSON or not UTF-8 or nests too deeply, an unknown route), is vLLM's/OpenAI's
-  ``{"error": {"message", "type", "param", "code"}}``. A client error (4xx) writes one log line; only a server
-  fault (500) writes a traceback, and its answer names the exception type, never its message (messages can
-  hold file-system paths).
+  ``{"error": {"message", "type", "param", "code"}}``. A client error (4xx) writes one log line; a server fault
+  (500) writes a traceback and answers with the exception type only (messages can hold file-system paths).
 * **A client that leaves costs nothing more.** `until_disconnected` runs a handler's work as a task and cancels
   it when the client closes the connection; the engine then drops the request from its batch
   (`agentrl.engines.hf.HFEngine`).
 * **A body has a size limit** (`BodyLimit`, ``--max-request-mb``, 16 MiB by default): a larger declared
   ``Content-Length`` is refused before a byte of it is read, a chunked body once it passes the limit; both 413
   ``RequestTooLargeError``. A client cannot make the server buffer an unbounded body.
-* **The key guards everything but ``/health``**: the API, ``/metrics``, and the ``/docs`` and ``/openapi.json``
-  pages, which describe the API to whoever can read them. It is checked before the body is read: a caller without
-  the key makes the server parse nothing.
-* **A server fault keeps the connection.** An unexpected exception is answered by `InternalErrors` (500, the
-  exception's type only, one traceback in the log) and goes no further: Starlette's outermost error middleware
-  re-raises whatever reaches it, and uvicorn then closes the kept-alive connection, failing the client's next
-  request too.
+* **The key guards everything but ``/health``** (the API, ``/metrics``, ``/docs``, ``/openapi.json``), and is
+  checked before the body is read: a caller without the key makes the server parse nothing.
+* **A server fault keeps the connection.** An unexpected exception is answered by `InternalErrors` (500) and goes
+  no further: past it, Starlette would re-raise and uvicorn close the kept-alive connection.
 * **Strings that are not Unicode** (lone UTF-16 surrogates, which JSON can write) are a 400 naming the field
   (`agentrl.serve.openai_protocol.check_body`), and any message that quotes one back is escaped.
 

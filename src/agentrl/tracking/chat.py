@@ -12,11 +12,9 @@ MLflow's GenAI views (the Traces tab's chat view, token counts, assessment filte
 A recorded `Turn` keeps only the messages new since the previous reply (``Turn.messages``), so the full input of
 turn k is rebuilt here: the new messages of turns 0..k with each earlier turn's reply in between.
 
-Trace and span ids: OpenTelemetry (under MLflow's tracing) draws them from Python's global `random`, which
-``seed_everything`` seeds; every seed-0 run, and every resume of one, would draw the same ids and overwrite the
-traces of another run in the same store. `log_episode` draws them from a freshly seeded state (`fresh_ids`) and
-gives the seeded state back afterwards, so ids are unique and tracing neither reads nor advances the training's
-random stream.
+Trace and span ids: OpenTelemetry draws them from Python's global `random`, which ``seed_everything`` seeds, so two
+seed-0 runs would overwrite each other's traces. `log_episode` draws them from a freshly seeded state
+(`fresh_ids`) and restores the training's random state afterwards.
 
 Credit (`agentrl.credit`): each turn span carries what the step's update did with the turn, as ``agentrl.credit.*``
 attributes (`credit_attributes`: the schedule's advantage, the advantage the loss used after folding identical

@@ -16,12 +16,11 @@ an MLflow logger it records:
 * at every held-out evaluation (base, periodic, final, and ``agentrl validate``'s; the module hands it over through
   ``on_heldout_evaluation``), each episode as a trace tagged ``agentrl.phase = eval`` and ``agentrl.eval =
   <label>``, and as rows of ``eval_trajectories.json``;
-* at the end (`on_fit_end`: after the module's final held-out evaluation, which runs in its ``on_train_end``,
-  after the callbacks'): ``reward_curve.png`` (with that final evaluation), ``rtpo_depths.png`` (RTPO runs:
-  zero-advantage fraction, mean |A| and clipfrac per depth), the final policy as ``final_model/`` (loadable with
-  ``transformers``/``peft``) for runs of at least ``final_model_min_steps`` steps (a short trial would store a
-  full copy of the weights, 538 MB for SmolLM2 in fp32, that its last checkpoint already holds), registered as a
-  version of ``register_model`` when that is set (always logged then).
+* at the end (`on_fit_end`, after the module's final held-out evaluation): ``reward_curve.png`` (with that final
+  evaluation), ``rtpo_depths.png`` (RTPO runs: zero-advantage fraction, mean |A| and clipfrac per depth), the final
+  policy as ``final_model/`` (loadable with ``transformers``/``peft``) for runs of at least ``final_model_min_steps``
+  steps (a short trial's checkpoint already holds its weights), registered as a version of ``register_model`` when
+  that is set (always logged then).
 
 It also writes the MLflow run id into every checkpoint (``checkpoint["mlflow"]``) so ``--ckpt_path`` continues
 the same run, and tells the logger how the run ended (KILLED when it stopped before ``data.steps``).
