@@ -155,8 +155,8 @@ def _warn_missing_resume(config: Namespace) -> None:
 def _warn_seed_mismatch(config: Namespace) -> None:
     """``seed_everything`` seeds torch's global generators only. The run's randomness is ``data.seed`` (every
     episode's sampling seed) and ``model.seed`` (minibatch order): a ``--seed_everything 1`` alone replays seed 0's
-    run exactly (seen on 2026-12-04: two "seeds" of the main job gave the same 24,093 tokens). Say so in one line
-    when they differ, whatever the quiet mode."""
+    run exactly (two "seeds" of the main job once gave the same 24,093 tokens). Say so in one line when they differ,
+    whatever the quiet mode."""
     seed = config.get("seed_everything")
     if not isinstance(seed, int) or isinstance(seed, bool):
         return
