@@ -121,7 +121,7 @@ def test_grpo_statistics_are_means_over_turns_not_times_the_turns_per_trajectory
         for t in trajs:
             for turn in t.turns:
                 rows = pack_rows([t], {(0, turn.index): TurnTargets(0.0)}, pack=False)
-                b = collate(rows, module.pad_id)
+                b = collate(rows, module.scorer.pad_id)
                 lp = module.policy.logprobs_from_hidden(module.policy.hidden_states(b.input_ids, b.attention_mask),
                                                         b.input_ids, b.response_mask, with_entropy=True)
                 assert lp.entropy is not None

@@ -55,9 +55,9 @@ def _ok(trajs: list[Trajectory]) -> list[Trajectory]:
 
 def _log_ratio(module: Any, rows: list[Any]) -> torch.Tensor:
     """PPO's first log-ratio log π_θ − log π_old at every trained token, θ = the weights the update starts from."""
-    batch = collate(rows, module.pad_id)
+    batch = collate(rows, module.scorer.pad_id)
     with torch.no_grad():
-        lp = module.policy.logprobs(batch, temperature=module.temperature).logprobs
+        lp = module.policy.logprobs(batch, temperature=module.session.temperature).logprobs
     return (lp - batch.old_logprobs)[batch.response_mask]
 
 
@@ -97,8 +97,8 @@ def test_recompute_makes_the_first_ratio_one_when_the_engine_differs() -> None:
         max(abs(o - b) for o, b in zip(old, behaviour, strict=True)), rel=1e-4)
 
     # the TIS weights reach the loss's per-token weights
-    batch = collate(fixed, module.pad_id)
-    d = (batch.old_logprobs - collate(plain, module.pad_id).old_logprobs)[None]
+    batch = collate(fixed, module.scorer.pad_id)
+    d = (batch.old_logprobs - collate(plain, module.scorer.pad_id).old_logprobs)[None]
     expected = truncated_is(d, batch.response_mask[None], None, ppo.correction_cap).weights[0]
     torch.testing.assert_close(batch.weights[batch.response_mask], expected[batch.response_mask].float())
     frac = float((d[0][batch.response_mask] > torch.log(torch.tensor(ppo.correction_cap))).double().mean())
