@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -16,7 +17,7 @@ from agentrl.envs import CreditChainEnv
 ARMS = ("turn_ppo_lam05", "turn_ppo_lam1")
 
 
-def _arm(name: str) -> dict:  # type: ignore[type-arg]
+def _arm(name: str) -> dict[str, Any]:
     return yaml.safe_load((CONFIGS / "schedules" / f"{name}.yaml").read_text())
 
 
@@ -49,5 +50,5 @@ def test_the_held_out_set_is_balanced_per_cue_and_noise_free() -> None:
     seeds = [1_000_000 + i for i in range(n)]  # the datamodule's held-out tasks (SeedTasks offset 10^6)
     blind = {w: sum(env.right_reply(s, j) == w for s in seeds for j in range(3)) / (3 * n) for w in env.words}
     assert blind == {"red": 0.5, "blue": 0.5}
-    assert all(env.heldout_seed is not None and s >= env.heldout_seed for s in seeds)
-    assert max(range(2000)) < env.heldout_seed  # training seeds (task i is seed i) never reach it  # type: ignore[operator]
+    assert env.heldout_seed is not None and all(s >= env.heldout_seed for s in seeds)
+    assert max(range(2000)) < env.heldout_seed  # training seeds (task i is seed i) never reach it

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -11,7 +12,7 @@ from agentrl.envs import CreditChainEnv
 from agentrl.envs.creditchain import CUES, balanced_cues
 
 
-def play(env: CreditChainEnv, seed: int, replies: list[str]) -> tuple[list[str], list[float], dict]:  # type: ignore[type-arg]
+def play(env: CreditChainEnv, seed: int, replies: list[str]) -> tuple[list[str], list[float], dict[str, Any]]:
     observations, rewards, info = [env.reset(seed)], [], {}
     for reply in replies:
         result = env.step(reply)
