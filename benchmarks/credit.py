@@ -36,6 +36,11 @@ runs with ``fallback="hash"``: a reply without a colour word is mapped to a colo
 every reply an action whose rightness the environment knows. The share of replies that named a colour is
 reported.
 
+**Training-free ground truth** (``--chooser random``, the default with ``--critic`` or ``--env guess|sokoban``): no
+language model; a seeded chooser with independent choices, the exact true advantage, an oracle, a learned and the
+neutral critic, each estimator scored by its correlation with A^π (`credit_truth`, `credit_truth_cli`,
+`credit_tasks`).
+
 **A trained policy and critic** (``--checkpoint CKPT --setting SETTING``): the final checkpoint of a learning cell
 (``benchmarks/learning.py --keep-checkpoints DIR``) gives the policy that plays the rollouts and the turn-level
 critic Turn-PPO's advantages use (its values at each turn's first response token, the V(s_n) the trainer's

@@ -15,7 +15,10 @@ tokens) and writes the table that docs/benchmarks.md quotes.
 
 CreditChain *settings* are environment names with knobs after the config's name (`env_setting`):
 ``creditchain-d8`` is ``configs/learning/creditchain.yaml`` with 8 distractors, ``creditchain-m3-d4-last-n0.5``
-3 decisions, 4 distractors, decisions last (the control), distractor noise σ = 0.5. Each setting is its own folder
+3 decisions, 4 distractors, decisions last (the control), distractor noise σ = 0.5; ``fb`` turns CreditChain's feedback
+on (``creditturn-fb``: the turn-level credit test of ``configs/learning/creditturn.yaml``, whose arms are the
+schedule files ``turn_ppo_lam05`` and ``turn_ppo_lam1``; `benchmarks/credit_protocol.py` tabulates it). Each
+setting is its own folder
 of cells; its learning rates come from the sweep of the plain config name (``--env creditchain --lrs``), so one
 protocol run serves the grid.
 
