@@ -36,6 +36,11 @@ runs with ``fallback="hash"``: a reply without a colour word is mapped to a colo
 every reply an action whose rightness the environment knows. The share of replies that named a colour is
 reported.
 
+**Training-free ground truth** (``--chooser random``, the default with ``--critic`` or ``--env guess|sokoban``): no
+language model; a seeded chooser with independent choices, the exact true advantage, an oracle, a learned and the
+neutral critic, each estimator scored by its correlation with A^π (`credit_truth`, `credit_truth_cli`,
+`credit_tasks`).
+
 **A trained policy and critic** (``--checkpoint CKPT --setting SETTING``): the final checkpoint of a learning cell
 (``benchmarks/learning.py --keep-checkpoints DIR``) gives the policy that plays the rollouts and the turn-level
 critic Turn-PPO's advantages use (its values at each turn's first response token, the V(s_n) the trainer's
@@ -73,6 +78,7 @@ from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from credit_grid import ROOT, setting_config, setting_env
+from credit_truth_cli import run_truth, truth_flags
 
 from agentrl.agents.base import Task
 from agentrl.agents.env_agent import EnvAgent
@@ -359,7 +365,8 @@ def apply_setting(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--env", choices=["creditchain"], default="creditchain")
+    parser.add_argument("--env", choices=["creditchain", "guess", "sokoban"], default="creditchain",
+                        help="guess and sokoban: the training-free ground truth of benchmarks/credit_tasks.py")
     parser.add_argument("--decisions", type=int, default=1)
     parser.add_argument("--distractors", type=int, nargs="+", default=[0, 4, 8])
     parser.add_argument("--noise", type=float, nargs="+", default=[0.0, 0.5])
@@ -367,7 +374,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--options", type=int, default=2)
     parser.add_argument("--order", choices=["decisions_first", "decisions_last"], default="decisions_first")
     parser.add_argument("--fallback", choices=["hash", "error"], default="hash")
-    parser.add_argument("--tasks", type=int, default=6, help="episode seeds (tasks) per D")
+    parser.add_argument("--tasks", type=int, default=None, help="episode seeds (tasks) per D (default 6; 16 with "
+                        "the random chooser: 64 episodes a setting)")
     parser.add_argument("--group", type=int, default=4, help="episodes per task (GRPO group)")
     parser.add_argument("--siblings", type=int, default=2, help="RTPO siblings per trunk and depth (G - 1)")
     parser.add_argument("--rtpo-depths", choices=["scored", "all"], default="scored")
@@ -384,7 +392,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turn-gamma", type=float, default=0.99, help="Turn-PPO's γ (default: the paper's 0.99)")
     parser.add_argument("--turn-lam", type=float, default=0.9, help="Turn-PPO's GAE λ (default: the paper's 0.9)")
     parser.add_argument("--json", type=Path, default=None)
+    truth_flags(parser)
     args = parser.parse_args(argv)
+    if args.chooser is None:
+        args.chooser = "random" if args.critic is not None or args.env != "creditchain" else "llm"
+    if args.tasks is None:
+        args.tasks = 16 if args.chooser == "random" else 6
+    if args.chooser == "random":
+        return run_truth(args, parser)
     apply_setting(args, parser)
     args.model = args.model or "smollm2-135m-instruct"
     for name in ("tasks", "group", "siblings", "decisions", "options", "max_tokens"):

@@ -15,7 +15,10 @@ tokens) and writes the table that docs/benchmarks.md quotes.
 
 CreditChain *settings* are environment names with knobs after the config's name (`env_setting`):
 ``creditchain-d8`` is ``configs/learning/creditchain.yaml`` with 8 distractors, ``creditchain-m3-d4-last-n0.5``
-3 decisions, 4 distractors, decisions last (the control), distractor noise σ = 0.5. Each setting is its own folder
+3 decisions, 4 distractors, decisions last (the control), distractor noise σ = 0.5; ``fb`` turns CreditChain's feedback
+on (``creditturn-fb``: the turn-level credit test of ``configs/learning/creditturn.yaml``, whose arms are the
+schedule files ``turn_ppo_lam05`` and ``turn_ppo_lam1``; `benchmarks/credit_protocol.py` tabulates it). Each
+setting is its own folder
 of cells; its learning rates come from the sweep of the plain config name (``--env creditchain --lrs``), so one
 protocol run serves the grid.
 
@@ -64,8 +67,14 @@ from agentrl.models.precision import cpu_identity
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "learning"
 SCHEDULES = ("rtpo", "turn_ppo", "grpo", "token_ppo")
+# every schedule file under configs/learning/schedules/ can be run (the four above and variants such as the
+# credit test's turn_ppo_lam05 / turn_ppo_lam1); the four are the default and the report's order
+SCHEDULE_FILES = tuple(sorted(x.stem for x in (CONFIGS / "schedules").glob("*.yaml")))
 # held-out sampled success for "tokens to reach the target"
-TARGETS = {"guess": 0.25, "frozenlake": 0.75, "creditchain": 0.9}
+TARGETS = {"guess": 0.25, "frozenlake": 0.75, "creditchain": 0.9, "creditturn": 0.9}
+# CreditChain configs: settings (`env_setting`) apply to these; creditturn is the turn-level credit test
+# (configs/learning/creditturn.yaml), which starts from the same warm-up model
+CHAIN_CONFIGS = ("creditchain", "creditturn")
 
 
 # environments whose cells start from a warmed-up model folder (the env config names it), made once by a script,
@@ -76,6 +85,7 @@ WARMUPS: dict[str, tuple[list[str], Path, dict[str, Any]]] = {
     "creditchain": (["format_warmup.py", "--env", "creditchain"],
                     ROOT / "checkpoints" / "warmup" / "creditchain-format", {"context": "full"}),
 }
+WARMUPS["creditturn"] = WARMUPS["creditchain"]
 
 # per environment, settings a schedule file must not keep there: RTPO's `max_depth: 3` (FrozenLake, GuessNumber)
 # would never train a CreditChain decision that comes after turn 3 (the control puts it last), so RTPO trains
@@ -99,20 +109,23 @@ _KNOBS = {"d": ("distractors", int), "m": ("decisions", int), "n": ("noise", flo
 
 def env_setting(name: str) -> tuple[str, dict[str, Any]]:
     """``creditchain-m3-d4-last-n0.5`` → (``creditchain``, the env's init_args it overrides). Knobs: ``d<D>``
-    distractors, ``m<M>`` decisions, ``n<σ>`` noise, ``first``/``last`` order; a plain name has none."""
+    distractors, ``m<M>`` decisions, ``n<σ>`` noise, ``first``/``last`` order, ``fb`` feedback on (the observation
+    after a decision says whether it was right); a plain name has none."""
     base, *parts = name.split("-")
     knobs: dict[str, Any] = {}
     for part in parts:
         match = re.fullmatch(r"([dmn])(\d+(?:\.\d+)?)", part)
         if part in ("first", "last"):
             knobs["order"] = f"decisions_{part}"
+        elif part == "fb":
+            knobs["feedback"] = True
         elif match and (match[1] == "n" or "." not in match[2]):
             key, kind = _KNOBS[match[1]]
             knobs[key] = kind(match[2])
         else:
-            raise ValueError(f"--env {name}: {part!r} is not a setting (d<D>, m<M>, n<sigma>, first or last)")
-    if knobs and base != "creditchain":
-        raise ValueError(f"--env {name}: settings apply to creditchain only")
+            raise ValueError(f"--env {name}: {part!r} is not a setting (d<D>, m<M>, n<sigma>, first, last or fb)")
+    if knobs and base not in CHAIN_CONFIGS:
+        raise ValueError(f"--env {name}: settings apply to {' and '.join(CHAIN_CONFIGS)} only")
     return base, knobs
 
 
@@ -472,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env", nargs="+", default=["guess"], type=env_name,
                    help="a config of configs/learning/ (" + ", ".join(sorted(x.stem for x in CONFIGS.glob("*.yaml")))
                         + "), creditchain with settings, e.g. creditchain-d8-last (see the module docstring)")
-    p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
+    p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULE_FILES)
     p.add_argument("--seeds", nargs="+", type=int, default=None,
                    help=f"run seeds (default 0 1 2; with --lrs the sweep seeds {' '.join(map(str, SWEEP_SEEDS))})")
     p.add_argument("--lrs", nargs="*", type=float, default=None,

@@ -1,7 +1,7 @@
 """The learning-rate protocol of the learning benchmark: one small sweep per (environment, schedule), chosen on
 training rollouts, never on the held-out games the benchmark reports.
 
-Protocol (issue 26; docs/benchmarks-log.md "Learning-rate protocol"):
+Protocol (issue 26; docs/benchmarks.md "Learning-rate protocol"):
 
 * For each environment and schedule, the policy learning rate is swept over ``--lrs`` (by default 5e-6, 1e-5,
   2e-5; RTPO 1e-5, 2e-5, 4e-5, see `SCHEDULE_LRS`) on the *sweep seeds* (by default seed 10, never one of the
@@ -50,11 +50,13 @@ from typing import Any
 
 DEFAULT_LRS = (5.0e-6, 1.0e-5, 2.0e-5)
 SCHEDULE_LRS = {"rtpo": (1.0e-5, 2.0e-5, 4.0e-5)}
-"""Grids other than the default, with the reason. RTPO: its config scales each optimizer step by the informative
-samples behind it (``ppo.lr_reference_samples: 16``), taken per minibatch, so its grid is the default one doubled.
-The doubling assumed a factor of about 0.5; the factor measured in the sweep and grid cells (``train/lr_scale``) is
-0.09-0.16 (at most 4/16 with four siblings a minibatch), so RTPO's effective rates sit below the other schedules'
-(docs/benchmarks.md, "Credit assignment")."""
+"""Grids other than the default, with the reason. RTPO: its config sizes each optimizer step by the informative
+samples behind it (``ppo.lr_reference_samples: 16``), a factor taken per minibatch. The grid was doubled on the
+assumption that this factor halves an RTPO step; it does not: a learning-config minibatch holds four siblings, so
+the factor is at most 4/16 = 0.25, and folding identical replies keeps it lower (the grid's cells logged a
+``train/lr_scale`` of about 0.12; docs/benchmarks.md, "Turn-level credit"). The doubled grid's effective rates are
+therefore still below the default grid's: a wider search, not the same steps in weight space, and its chosen rate
+sat at the grid's top edge."""
 
 SWEEP_SEEDS = (10,)
 NO_EVAL = {"eval_episodes": 0, "eval_every_tokens": 0, "eval_every": 0, "eval_greedy": False}

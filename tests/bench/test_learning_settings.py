@@ -24,7 +24,8 @@ def test_a_setting_name_gives_the_config_and_the_env_knobs() -> None:
 
 @pytest.mark.parametrize(("name", "message"), [
     ("creditchain-x8", "'x8' is not a setting"), ("creditchain-d4.5", "'d4.5' is not a setting"),
-    ("creditchain-middle", "'middle' is not a setting"), ("frozenlake-d4", "settings apply to creditchain only"),
+    ("creditchain-middle", "'middle' is not a setting"),
+    ("frozenlake-d4", "settings apply to creditchain and creditturn only"),
 ])
 def test_bad_setting_names_are_refused_naming_the_part(name: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

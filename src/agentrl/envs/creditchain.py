@@ -1,27 +1,46 @@
 """CreditChain: a text-agent version of bsuite's ``umbrella_length`` — only the decision turns matter.
 
 An episode is ``decisions`` *decision* turns and ``distractors`` *distractor* turns in a fixed order. A decision
-turn shows a cue word (drawn from the episode seed) and asks for one of ``options`` colour words; one is right, by a
-fixed cue → colour rule (the same for every seed of one ``rule_seed``, so a policy can learn it). A distractor turn
-asks for any colour; its reply does not change the outcome. ``order="decisions_first"`` is the long-delay case (the
-reward arrives ``distractors`` turns after the choice that earned it); ``"decisions_last"`` is the control.
+turn shows a cue word (drawn from the episode seed) and asks for one of ``options`` colour words; exactly one is
+right, given by a fixed rule that maps each cue to a colour (the same for every seed of one ``rule_seed``, so a
+policy can learn it). A distractor turn asks for any of the same colour words; its reply does not change the
+outcome. ``order="decisions_first"`` puts every decision before the distractors (the long-delay case: the reward
+arrives ``distractors`` turns after the choice that earned it); ``"decisions_last"`` is the control.
 
-Rewards: the terminal reward is the fraction of decisions answered right (``reward="all"``: 1.0 only when all are
-right). With ``noise = σ > 0`` each valid distractor reply also earns ``σ·z``, z a standard normal hashed from the
-episode seed and the parsed replies so far (a replayed RTPO prefix gets the same noise).
+Rewards: the last step carries the terminal reward, the fraction of decisions answered right (``reward="all"``:
+1.0 only when all are right). With ``noise = σ > 0`` each valid distractor reply also earns ``σ·z``, z a standard
+normal drawn from a hash of (episode seed, the parsed valid replies up to and including this one): a replayed
+prefix (RTPO) gets exactly the same noise, and continuations that differ in any parsed reply get independent
+noise (two continuations that pick the same words get the same noise: the noise is a function of the history).
 
-Action format: the **first option word** anywhere in the reply, case-insensitive ("I pick Red." is ``red``). A
-reply without one is a format error as in `base` (``format_penalty``, the step shown again); ``spare_turns``
-allows such retries, after which the episode is truncated and unanswered decisions count as wrong.
-``fallback="hash"`` maps such a reply to option ``hash(reply) mod K`` instead (for a base model that rarely
-names a colour).
+Action format (forgiving, as the other environments): the **first option word** anywhere in the reply,
+case-insensitive ("I pick Red." is ``red``). A reply without one is a format error as the protocol in `base`
+says: ``format_penalty``, the same step shown again, and the turn still counts; the episode has ``spare_turns``
+turns beyond ``decisions + distractors`` for such retries and is truncated after them (unanswered decisions count
+as wrong in the terminal reward). ``fallback="hash"`` instead maps a non-empty reply without an option word to
+the option ``hash(reply) mod K`` (every reply is then an action; used to measure credit with a base model that
+rarely names a colour); an empty reply stays a format error.
 
-``context="summary"`` ends every observation with a one-line running summary, for an agent keeping only the last
-exchange (``EnvAgent(history=1)``); ``"full"`` expects the whole conversation.
+Context policy (``context``, recorded in `metadata`): ``"summary"`` ends every observation with a one-line
+running summary (step n of N, the cues answered so far and the replies given) so that an agent keeping only the
+last exchange (`agent_history` = 1, ``EnvAgent(history=1)``) sees a short prompt at any horizon; ``"full"`` adds
+no summary and expects the whole conversation (`agent_history` = None).
 
-The final step's ``info`` holds the ground truth the credit benchmark scores against: ``turn_kinds``
-(``decision`` or ``distractor`` per turn), ``turn_right`` (True/False for decision turns, None for distractors),
-``replies`` (the parsed reply of every turn, "" for a format error) and ``decisions_right``.
+Feedback (``feedback=True``; off by default): the observation after a decision begins "Last answer: right." or
+"Last answer: wrong." (the rewards do not change), so that a decision's consequence is observable before the
+terminal reward and a turn-level critic V(s_{n+1}) can value it without learning the cue → colour rule itself.
+The feedback of the last decision shows only if a turn follows it (a distractor; with decisions last, none does).
+
+Held-out games (``heldout_seed``; None by default): episode seeds at or above it draw their cues so that every
+block of ``cues`` consecutive seeds shows each cue exactly once at every decision position (`balanced_cues`), and
+pay no distractor noise. Over whole blocks a reply that ignores the cue is then right on exactly half of the
+decisions (with K = 2 and an even cue count: the rule gives each colour the same number of cues), and the return
+of a held-out game is its fraction of decisions right, less the format penalties.
+
+The final step's ``info`` holds the ground truth the credit benchmark scores against: ``turn_kinds`` (``decision``
+or ``distractor`` per turn, format errors included), ``turn_right`` (per turn: True/False for decision turns —
+a format error is not right — and None for distractors), ``replies`` (the parsed reply of every turn, "" for a
+format error) and ``decisions_right``.
 """
 
 from __future__ import annotations
@@ -92,6 +111,8 @@ class CreditChainEnv(EpisodeSnapshots):
         cues: How many distinct cue words episodes draw from (the first ``cues`` of the list), in [1, 8]: the rule a
             policy must learn has this many entries (fewer cues = less to learn, so a small budget is left for
             the credit problem itself).
+        feedback: Begin the observation after a decision with "Last answer: right." / "Last answer: wrong.".
+        heldout_seed: Seeds at or above it are held-out games: cues balanced per position, no distractor noise.
     """
 
     episode_type = _ChainState
@@ -111,6 +132,8 @@ class CreditChainEnv(EpisodeSnapshots):
         prompt_example: bool = True,
         fallback: Fallback = "error",
         cues: int = len(CUES),
+        feedback: bool = False,
+        heldout_seed: int | None = None,
     ) -> None:
         if not 1 <= cues <= len(CUES):
             raise ValueError(f"env.cues must be in [1, {len(CUES)}], got {cues}")
@@ -119,6 +142,11 @@ class CreditChainEnv(EpisodeSnapshots):
         if fallback not in ("error", "hash"):
             raise ValueError(f"env.fallback must be 'error' or 'hash', got {fallback!r}")
         self.fallback = fallback
+        if not isinstance(feedback, bool):
+            raise ValueError(f"env.feedback must be true or false, got {feedback!r}")
+        if heldout_seed is not None and (not isinstance(heldout_seed, int) or heldout_seed < 0):
+            raise ValueError(f"env.heldout_seed must be null or an integer >= 0, got {heldout_seed!r}")
+        self.feedback, self.heldout_seed = feedback, heldout_seed
         self.decisions, self.distractors, self.options = decisions, distractors, options
         self.order, self.reward_mode, self.noise, self.context = order, reward, float(noise), context
         self.rule_seed, self.spare_turns, self.format_penalty = rule_seed, spare_turns, format_penalty
@@ -147,7 +175,8 @@ class CreditChainEnv(EpisodeSnapshots):
                 "options": self.options, "order": self.order, "reward": self.reward_mode, "noise": self.noise,
                 "context": self.context, "agent_history": self.agent_history, "rule_seed": self.rule_seed,
                 "spare_turns": self.spare_turns, "format_penalty": self.format_penalty,
-                "prompt_example": self.prompt_example, "fallback": self.fallback, "cues": self.cues}
+                "prompt_example": self.prompt_example, "fallback": self.fallback, "cues": self.cues,
+                "feedback": self.feedback, "heldout_seed": self.heldout_seed}
 
     def is_decision(self, step: int) -> bool:
         """Whether plan position ``step`` is a decision."""
@@ -157,7 +186,7 @@ class CreditChainEnv(EpisodeSnapshots):
 
     def cue(self, seed: int, decision: int) -> str:
         """The cue word of decision ``decision`` (0-based) of the episode with ``seed``."""
-        return CUES[_draw_cues(seed, self.decisions, self.cues)[decision]]
+        return CUES[self._cues_of(seed)[decision]]
 
     def right_reply(self, seed: int, decision: int) -> str:
         """The right colour of decision ``decision`` (0-based) of the episode with ``seed``."""
@@ -165,8 +194,7 @@ class CreditChainEnv(EpisodeSnapshots):
 
     def reset(self, seed: int) -> str:
         """Draw the cues from ``seed`` and return the first step's observation."""
-        self._episode = _ChainState(seed=seed, cues=_draw_cues(seed, self.decisions, self.cues),
-                                   started=True)
+        self._episode = _ChainState(seed=seed, cues=self._cues_of(seed), started=True)
         return self._observation()
 
     def step(self, action: str) -> StepResult:
@@ -193,7 +221,7 @@ class CreditChainEnv(EpisodeSnapshots):
             right = word == self.rule[cue]
             answers = (*answers, f"{cue}={word}")
         else:
-            reward = distractor_noise(state.seed, history, self.noise)
+            reward = distractor_noise(state.seed, history, 0.0 if self._heldout(state.seed) else self.noise)
         step = state.step + 1
         ended = step == self.decisions + self.distractors
         self._episode = replace(state, step=step, turn=turn, history=history, answers=answers,
@@ -229,6 +257,15 @@ class CreditChainEnv(EpisodeSnapshots):
         digest = hashlib.blake2b(reply.encode(), digest_size=8).digest()
         return self.words[int.from_bytes(digest, "little") % self.options]
 
+    def _heldout(self, seed: int) -> bool:
+        return self.heldout_seed is not None and seed >= self.heldout_seed
+
+    def _cues_of(self, seed: int) -> tuple[int, ...]:
+        """The cue index of each decision: drawn from the seed, or balanced for a held-out seed."""
+        if self.heldout_seed is not None and seed >= self.heldout_seed:
+            return balanced_cues(seed - self.heldout_seed, self.decisions, self.cues)
+        return _draw_cues(seed, self.decisions, self.cues)
+
     def _decision_index(self, step: int) -> int:
         return step if self.order == "decisions_first" else step - self.distractors
 
@@ -243,6 +280,9 @@ class CreditChainEnv(EpisodeSnapshots):
             body = f"Cue: {cue}. Reply {self._choices()}."
         else:
             body = f"No cue. Reply {self._choices()}."
+        last = state.turn_log[-1] if state.turn_log else None
+        if self.feedback and last is not None and last.kind == "decision" and last.reply:
+            body = f"Last answer: {'right' if last.right else 'wrong'}.\n{body}"
         if self.context == "full":
             return body
         done = ", ".join(state.answers) if state.answers else "none"
@@ -252,13 +292,23 @@ def balanced_rule(rule_seed: int, cues: int, words: tuple[str, ...]) -> dict[str
     """The cue → right colour rule over the first ``cues`` cue words: each colour is right for ``cues // K`` or
     ``cues // K + 1`` of them, so no reply that ignores the cue beats chance by more than one cue's share.
 
-    A random permutation of all eight cues ranks the cues in play; a cue's colour is its rank mod K. Without the
-    balance a subset of cues can make one colour right for most of them, and a policy that ignores the cue then
-    wins most episodes with no credit to assign (docs/benchmarks-log.md, "Credit assignment").
+    A random permutation of all eight cues ranks the cues in play; a cue's colour is its rank mod K. With all eight
+    cues in play the rank is the permutation itself, the rule before 2026-12-03. Before then a subset kept the
+    eight-cue colours, and the learning grid's 4 cues over 2 colours drew red for 3 of them: "red" at every turn
+    won 75 % of episodes with no credit to assign (docs/benchmarks.md, "Credit assignment").
     """
     perm = np.random.default_rng(rule_seed).permutation(len(CUES))[:cues]
     ranks = np.argsort(np.argsort(perm))
     return {CUES[i]: words[int(ranks[i]) % len(words)] for i in range(cues)}
+
+
+def balanced_cues(index: int, decisions: int, cues: int) -> tuple[int, ...]:
+    """The cues of held-out game ``index``: decision 0 shows cue ``index mod cues`` and decision j >= 1 that cue
+    shifted by digit j − 1 of the block number ``index // cues`` in base ``cues``. In each block of ``cues``
+    consecutive games every position shows every cue once; the first ``cues^(M−1)`` blocks together hold every
+    combination of cues once (all distinct games)."""
+    block = index // cues
+    return tuple((index + (block // cues ** (j - 1) if j else 0)) % cues for j in range(decisions))
 
 
 def _draw_cues(seed: int, decisions: int, cues: int) -> tuple[int, ...]:

@@ -1,0 +1,86 @@
+"""The turn-level credit test's protocol (configs/learning/creditturn.yaml and its two Turn-PPO arms): the arms
+differ in λ only, the held-out set is balanced per cue, the feedback knob is a setting."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from learning import CONFIGS, SCHEDULE_FILES, env_setting, overrides, settings_digest
+
+from agentrl.envs import CreditChainEnv
+
+ARMS = ("turn_ppo_lam05", "turn_ppo_lam1")
+
+
+def _arm(name: str) -> dict[str, Any]:
+    return yaml.safe_load((CONFIGS / "schedules" / f"{name}.yaml").read_text())
+
+
+def test_feedback_is_a_setting_of_the_credit_test() -> None:
+    assert env_setting("creditturn") == ("creditturn", {})
+    assert env_setting("creditturn-fb") == ("creditturn", {"feedback": True})
+    assert env_setting("creditchain-d4-fb") == ("creditchain", {"distractors": 4, "feedback": True})
+
+
+def test_the_arms_differ_in_lambda_only_and_share_tasks_per_step(tmp_path: Path) -> None:
+    assert set(ARMS) <= set(SCHEDULE_FILES)
+    a, b = _arm(ARMS[0]), _arm(ARMS[1])
+    init_a, init_b = a["model"]["algorithm"]["init_args"], b["model"]["algorithm"]["init_args"]
+    assert (init_a.pop("lam"), init_b.pop("lam")) == (0.5, 1.0)
+    assert init_a == init_b and a["data"] == b["data"]
+    assert init_a["gamma"] == 1.0 and init_a["whiten_equal_returns"] is False
+    assert a["data"]["batch_size"] // init_a["group_size"] == 4 and init_a["group_size"] == 2  # 4 tasks x 2
+    assert settings_digest("creditturn", ARMS[0], []) != settings_digest("creditturn", ARMS[1], [])
+    cell = overrides("creditturn-fb", ARMS[0], 3, tmp_path, "sqlite:///x.db", tmp_path)
+    assert cell["data"]["agent"]["init_args"]["env"]["init_args"] == {"feedback": True}
+    assert "optim" not in cell["model"]  # one rate for both arms: the env config's
+
+
+def test_the_held_out_set_is_balanced_per_cue_and_noise_free() -> None:
+    config = yaml.safe_load((CONFIGS / "creditturn.yaml").read_text())
+    env = CreditChainEnv(**config["data"]["agent"]["init_args"]["env"]["init_args"])
+    assert (env.decisions, env.distractors, env.noise, env.order) == (3, 2, 0.3, "decisions_first")
+    n = config["data"]["eval_episodes"]
+    assert n == 48
+    seeds = [1_000_000 + i for i in range(n)]  # the datamodule's held-out tasks (SeedTasks offset 10^6)
+    blind = {w: sum(env.right_reply(s, j) == w for s in seeds for j in range(3)) / (3 * n) for w in env.words}
+    assert blind == {"red": 0.5, "blue": 0.5}
+    assert env.heldout_seed is not None and all(s >= env.heldout_seed for s in seeds)
+    assert max(range(2000)) < env.heldout_seed  # training seeds (task i is seed i) never reach it
+
+
+def _cell(out: Path, setting: str, arm: str, seed: int, reward: float) -> None:
+    folder = out / setting / arm / f"seed{seed}"
+    folder.mkdir(parents=True)
+    evals = [{"reward": 0.5, "greedy_reward": 0.5, "success": 0.1, "greedy_success": 0.1},
+             {"reward": reward, "greedy_reward": reward, "success": reward / 2, "greedy_success": 0.0}]
+    (folder / "summary.json").write_text(json.dumps({"evals": evals}))
+
+
+def test_the_did_table_by_hand(tmp_path: Path) -> None:
+    from credit_protocol import sign_flip_p, table
+
+    # seed 0: on (0.9 − 0.6) − off (0.55 − 0.5) = 0.25; seed 1: (0.8 − 0.7) − (0.6 − 0.5) = 0.0;
+    # seed 2: (0.7 − 0.5) − (0.5 − 0.6) = 0.3; seed 3 lacks a cell and is left out
+    finals = {0: (0.9, 0.6, 0.55, 0.5), 1: (0.8, 0.7, 0.6, 0.5), 2: (0.7, 0.5, 0.5, 0.6), 3: (0.9, 0.5, 0.5, None)}
+    for seed, (on5, on1, off5, off1) in finals.items():
+        for setting, arm, value in (("creditturn-fb", "turn_ppo_lam05", on5), ("creditturn-fb", "turn_ppo_lam1", on1),
+                                    ("creditturn", "turn_ppo_lam05", off5), ("creditturn", "turn_ppo_lam1", off1)):
+            if value is not None:
+                _cell(tmp_path, setting, arm, seed, value)
+    res = table(tmp_path, range(4))
+    assert res["complete_seeds"] == [0, 1, 2] and len(res["finished_cells"]) == 15
+    row = res["metrics"]["decisions_right"]
+    assert row["did_per_seed"] == pytest.approx([0.25, 0.0, 0.3])
+    assert row["did"] == pytest.approx(0.55 / 3)
+    # sign flips of (0.25, 0, 0.3): |mean| >= 0.55/3 only for all + and all − (the 0 flips freely): 4 of 8
+    assert row["sign_flip_p"] == pytest.approx(0.5)
+    assert res["metrics"]["all_right"]["did"] == pytest.approx(0.55 / 6)
+    assert sign_flip_p([1.0] * 8) == pytest.approx(2 / 256)
