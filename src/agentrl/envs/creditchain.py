@@ -1,46 +1,28 @@
 """CreditChain: a text-agent version of bsuite's ``umbrella_length`` — only the decision turns matter.
 
 An episode is ``decisions`` *decision* turns and ``distractors`` *distractor* turns in a fixed order. A decision
-turn shows a cue word (drawn from the episode seed) and asks for one of ``options`` colour words; exactly one is
-right, given by a fixed rule that maps each cue to a colour (the same for every seed of one ``rule_seed``, so a
-policy can learn it). A distractor turn asks for any of the same colour words; its reply does not change the
-outcome. ``order="decisions_first"`` puts every decision before the distractors (the long-delay case: the reward
-arrives ``distractors`` turns after the choice that earned it); ``"decisions_last"`` is the control.
+turn shows a cue word and asks for one of ``options`` colours; one is right by a fixed cue → colour rule (per
+``rule_seed``, so a policy can learn it). A distractor's reply does not change the outcome. ``order="decisions_first"`` is the long-delay case (the
+reward arrives ``distractors`` turns after the choice that earned it); ``"decisions_last"`` is the control.
 
-Rewards: the last step carries the terminal reward, the fraction of decisions answered right (``reward="all"``:
-1.0 only when all are right). With ``noise = σ > 0`` each valid distractor reply also earns ``σ·z``, z a standard
-normal drawn from a hash of (episode seed, the parsed valid replies up to and including this one): a replayed
-prefix (RTPO) gets exactly the same noise, and continuations that differ in any parsed reply get independent
-noise (two continuations that pick the same words get the same noise: the noise is a function of the history).
+Rewards: the terminal reward is the fraction of decisions answered right (``reward="all"``: 1.0 only when all are
+right). With ``noise = σ > 0`` each valid distractor reply also earns ``σ·z``, z a standard normal hashed from the
+episode seed and the parsed replies so far (a replayed RTPO prefix gets the same noise).
 
-Action format (forgiving, as the other environments): the **first option word** anywhere in the reply,
-case-insensitive ("I pick Red." is ``red``). A reply without one is a format error as the protocol in `base`
-says: ``format_penalty``, the same step shown again, and the turn still counts; the episode has ``spare_turns``
-turns beyond ``decisions + distractors`` for such retries and is truncated after them (unanswered decisions count
-as wrong in the terminal reward). ``fallback="hash"`` instead maps a non-empty reply without an option word to
-the option ``hash(reply) mod K`` (every reply is then an action; used to measure credit with a base model that
-rarely names a colour); an empty reply stays a format error.
+Action format: the **first option word** anywhere in the reply, case-insensitive. A reply without one is a format
+error as in `base` (``format_penalty``, the step shown again; ``spare_turns`` allows retries, then the episode is
+truncated). ``context="summary"`` adds a running summary line for ``EnvAgent(history=1)``.
 
-Context policy (``context``, recorded in `metadata`): ``"summary"`` ends every observation with a one-line
-running summary (step n of N, the cues answered so far and the replies given) so that an agent keeping only the
-last exchange (`agent_history` = 1, ``EnvAgent(history=1)``) sees a short prompt at any horizon; ``"full"`` adds
-no summary and expects the whole conversation (`agent_history` = None).
+``feedback=True`` (off by default): the observation after a decision begins "Last answer: right." or "Last answer:
+wrong." (rewards unchanged), so a decision's consequence is observable before the terminal reward and a turn-level
+critic V(s_{n+1}) can value it without knowing the rule.
 
-Feedback (``feedback=True``; off by default): the observation after a decision begins "Last answer: right." or
-"Last answer: wrong." (the rewards do not change), so that a decision's consequence is observable before the
-terminal reward and a turn-level critic V(s_{n+1}) can value it without learning the cue → colour rule itself.
-The feedback of the last decision shows only if a turn follows it (a distractor; with decisions last, none does).
+Held-out games (seeds ≥ ``heldout_seed``): every block of ``cues`` consecutive seeds shows each cue once at every
+decision position (`balanced_cues`) and pays no noise, so a cue-blind reply is right on exactly half the decisions
+and a held-out game's return is its fraction of decisions right.
 
-Held-out games (``heldout_seed``; None by default): episode seeds at or above it draw their cues so that every
-block of ``cues`` consecutive seeds shows each cue exactly once at every decision position (`balanced_cues`), and
-pay no distractor noise. Over whole blocks a reply that ignores the cue is then right on exactly half of the
-decisions (with K = 2 and an even cue count: the rule gives each colour the same number of cues), and the return
-of a held-out game is its fraction of decisions right, less the format penalties.
-
-The final step's ``info`` holds the ground truth the credit benchmark scores against: ``turn_kinds`` (``decision``
-or ``distractor`` per turn, format errors included), ``turn_right`` (per turn: True/False for decision turns —
-a format error is not right — and None for distractors), ``replies`` (the parsed reply of every turn, "" for a
-format error) and ``decisions_right``.
+The final step's ``info`` holds the ground truth the credit benchmark scores against: ``turn_kinds``,
+``turn_right`` (True/False for decisions, None for distractors), ``replies`` and ``decisions_right``.
 """
 
 from __future__ import annotations
@@ -293,9 +275,9 @@ def balanced_rule(rule_seed: int, cues: int, words: tuple[str, ...]) -> dict[str
     ``cues // K + 1`` of them, so no reply that ignores the cue beats chance by more than one cue's share.
 
     A random permutation of all eight cues ranks the cues in play; a cue's colour is its rank mod K. With all eight
-    cues in play the rank is the permutation itself, the rule before 2026-12-03. Before then a subset kept the
-    eight-cue colours, and the learning grid's 4 cues over 2 colours drew red for 3 of them: "red" at every turn
-    won 75 % of episodes with no credit to assign (docs/benchmarks.md, "Credit assignment").
+    cues in play the rank is the permutation itself. Keeping a subset's eight-cue colours instead can give one
+    colour most cues, so that one reply at every turn wins most episodes with no credit to assign
+    (docs/benchmarks-log.md).
     """
     perm = np.random.default_rng(rule_seed).permutation(len(CUES))[:cues]
     ranks = np.argsort(np.argsort(perm))
