@@ -14,8 +14,8 @@ from tests.training.helpers import fit_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = str(ROOT / "configs/smoke/grpo.yaml")
-NAMES = {"RTPO": "agentrl.training.schedules.rtpo.RTPO", "TurnPPO": "agentrl.training.schedules.turn_ppo.TurnPPO",
-         "GRPO": "agentrl.training.schedules.grpo.GRPO", "TokenPPO": "agentrl.training.schedules.token_ppo.TokenPPO"}
+# a short name resolves to the class's one documented path, `agentrl.training.NAME`
+NAMES = {name: f"agentrl.training.{name}" for name in ("RTPO", "TurnPPO", "GRPO", "TokenPPO")}
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
 

@@ -37,7 +37,7 @@ from agentrl.training.command.keys import COMMON_KEYS, normalize_argv
 from agentrl.training.command.preflight import ConfigError, preflight
 from agentrl.training.command.progress import RunProgress, quiet_libraries, verbose
 from agentrl.training.rollout.datamodule import RolloutDataModule
-from agentrl.training.schedules.rtpo import RTPO  # noqa: F401  (imported: `--model.algorithm RTPO` resolves by class name)
+from agentrl.training.schedules import grpo, rtpo, token_ppo, turn_ppo  # noqa: F401  (`--model.algorithm TurnPPO`)
 from agentrl.training.system.callbacks import GracefulStop, RLCheckpoint
 from agentrl.training.system.checkpoint_io import CheckpointError, check_checkpoint
 from agentrl.training.system.module import AgentRLModule
