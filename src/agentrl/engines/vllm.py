@@ -44,6 +44,7 @@ import itertools
 import logging
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ from typing import Any
 import httpx
 
 from agentrl.engines import logprobs_mode as lpm
+from agentrl.engines import push_check as pcheck
 from agentrl.engines.base import Completion, RolloutEngine, SamplingParams
 from agentrl.engines.errors import (
     EngineProtocolError,
@@ -60,13 +62,15 @@ from agentrl.engines.errors import (
     FullWeightSyncUnsupported,
 )
 from agentrl.engines.logprobs_mode import LogprobsMode
+from agentrl.engines.push_check import ProbeResult, PushCheck, PushNotApplied
 from agentrl.engines.vllm_wire import completion_request, parse_completion
 
 log = logging.getLogger(__name__)
 API_KEY_ENV = "AGENTRL_API_KEY"
+DEFAULT_PUSH_CHECK = PushCheck()
 __all__ = ["API_KEY_ENV", "EngineProtocolError", "EngineRequestError", "EngineTimeout", "EngineUnavailable",
-           "FullWeightSyncUnsupported", "VLLMEngine", "VLLMEngineSpec", "completion_request",
-           "parse_completion"]
+           "FullWeightSyncUnsupported", "PushCheck", "PushNotApplied", "VLLMEngine", "VLLMEngineSpec",
+           "completion_request", "parse_completion"]
 
 
 def _server_index(session: str, n: int) -> int:
@@ -89,12 +93,15 @@ class VLLMEngine:
         unload_previous: Unload the previous adapter (and delete its folder) after a push.
         logprobs_mode: The servers' ``--logprobs-mode`` (``raw_logprobs``, vLLM's default, or
             ``processed_logprobs``; ``agentrl serve`` is processed).
+        push_check: How every push is verified (`agentrl.engines.push_check`); None skips the probe (only for
+            servers that do not compute, such as protocol fakes).
     """
 
     def __init__(self, base_urls: Sequence[str], *, adapter_dir: str | None = None, api_key: str | None = None,
                  timeout: float = 300.0, connect_timeout: float = 10.0, retries: int = 3, backoff: float = 0.5,
                  max_context: int | None = None, model: str | None = None, unload_previous: bool = True,
-                 logprobs_mode: LogprobsMode = "raw_logprobs") -> None:
+                 logprobs_mode: LogprobsMode = "raw_logprobs",
+                 push_check: PushCheck | None = DEFAULT_PUSH_CHECK) -> None:
         if not base_urls:
             raise ValueError("engine.base_urls must list at least one server URL")
         lpm.check_mode_name(logprobs_mode)
@@ -106,6 +113,10 @@ class VLLMEngine:
         self.timeout = httpx.Timeout(timeout, connect=min(connect_timeout, timeout))
         self.retries, self.backoff = retries, backoff
         self.unload_previous = unload_previous
+        self.push_check = push_check
+        self.push_check_seconds = 0.0  # the probes' wall time, summed over pushes (part of each push's time)
+        self.last_probe: list[ProbeResult] = []
+        self._probe_ids: list[int] | None = None
         self._max_context = max_context
         self._base_model = model
         self._model: str | None = model
@@ -196,11 +207,7 @@ class VLLMEngine:
 
     async def update_weights(self, policy: Any, *, version: int | None = None) -> None:
         """Save the policy's LoRA adapter and hot-load it on every server as ``agentrl-v<version>``."""
-        if not getattr(policy, "uses_lora", False):
-            raise FullWeightSyncUnsupported(
-                "VLLMEngine pushes weights as a LoRA adapter, and this policy has no LoRA (model.policy.init_args."
-                "lora). Full-weight sync to vLLM needs its weight-transfer API (NCCL between trainer and server "
-                "GPUs), which agentrl does not implement: train with LoRA, or use the embedded engine.")
+        check_lora(bool(getattr(policy, "uses_lora", False)))
         if self.adapter_dir is None:
             raise ValueError("VLLMEngine.update_weights needs adapter_dir (model.engine.init_args.adapter_dir): a "
                              "folder the servers can read")
@@ -212,6 +219,8 @@ class VLLMEngine:
         self._pushing = asyncio.get_running_loop().create_future()
         try:
             await asyncio.gather(*(self._load(url, name, path) for url in self.base_urls))
+            if self.push_check is not None:  # before any request names the new adapter
+                await self._verify(policy, name, new_version, self.push_check)
             previous = self._adapter
             self._model, self._adapter, self._version = name, name, new_version
         finally:
@@ -222,6 +231,29 @@ class VLLMEngine:
                 await asyncio.sleep(0.01)
             await asyncio.gather(*(self._unload(url, previous) for url in self.base_urls))
             shutil.rmtree(self.adapter_dir / previous, ignore_errors=True)
+
+    async def _verify(self, policy: Any, name: str, version: int, check: PushCheck) -> None:
+        """The parity probe of `agentrl.engines.push_check` on every server: `PushNotApplied` names the first
+        server whose greedy ids or log-probs under ``name`` are not the trainer's."""
+        began = time.perf_counter()
+        if self._probe_ids is None:
+            self._probe_ids = pcheck.probe_prompt(policy.tokenizer)
+        prompt = self._probe_ids
+        body = completion_request(prompt, SamplingParams(max_tokens=check.tokens, temperature=0.0,
+                                                         stop_token_ids=()), name, check.tokens)
+        answers = await asyncio.gather(*(self._call("POST", url, "/v1/completions", body) for url in self.base_urls))
+        results, scored = [], {}
+        for url, response in zip(self.base_urls, answers, strict=True):
+            done = parse_completion(_json(response, url, "/v1/completions"), prompt, version)
+            key = tuple(done.token_ids)
+            if key not in scored:  # servers that agree on the ids share one trainer forward
+                scored[key] = await asyncio.to_thread(pcheck.trainer_scores, policy, prompt, done.token_ids)
+            results.append(pcheck.compare(url, name, version, done.token_ids, done.logprobs, scored[key], check))
+        self.last_probe = results
+        spent = time.perf_counter() - began
+        self.push_check_seconds += spent
+        log.info("push v%d verified on %d server(s) in %.3f s: largest log-prob gap %.4f", version, len(results),
+                 spent, max(r.max_abs_diff for r in results))
 
     async def shutdown(self) -> None:
         """Close the HTTP connections."""
@@ -339,6 +371,16 @@ class VLLMEngine:
                 raise
 
 
+def check_lora(uses_lora: bool) -> None:
+    """`FullWeightSyncUnsupported` for a policy without LoRA: the only verified push is a LoRA hot-load."""
+    if not uses_lora:
+        raise FullWeightSyncUnsupported(
+            "VLLMEngine pushes weights as a LoRA adapter, and this policy has no LoRA (model.policy.init_args."
+            "lora). Full-weight sync to vLLM needs its weight-transfer API (NCCL between trainer and server "
+            "GPUs; on vLLM's CPU backend reload_weights answers 200 but updates only embeddings and norms), which "
+            "agentrl does not implement: train with LoRA, or use the embedded engine.")
+
+
 def _reached_server(exc: httpx.TransportError) -> bool:
     """The request was sent and the server went quiet (read/write timeout): it may be working on it."""
     return isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout)
@@ -388,13 +430,18 @@ class VLLMEngineSpec:
         model: Served base model name (default: the first of ``/v1/models``).
         unload_previous: Unload the previous adapter after each push.
         logprobs_mode: The servers' ``--logprobs-mode`` (``processed_logprobs`` for a temperature other than 1).
+        verify_push: Probe every server after every push (`agentrl.engines.push_check`); keep it on.
+        push_tolerance: Largest accepted gap between a server's and the trainer's probe log-probs (nats).
+        probe_tokens: Greedy tokens the probe decodes.
     """
 
     def __init__(self, base_urls: list[str], adapter_dir: str = "adapters", api_key: str | None = None,
                  timeout: float = 300.0, retries: int = 3, backoff: float = 0.5, max_context: int | None = None,
                  model: str | None = None, unload_previous: bool = True,
-                 logprobs_mode: LogprobsMode = "raw_logprobs") -> None:
+                 logprobs_mode: LogprobsMode = "raw_logprobs", verify_push: bool = True,
+                 push_tolerance: float = PushCheck.tolerance, probe_tokens: int = PushCheck.tokens) -> None:
         lpm.check_mode_name(logprobs_mode)
+        self.push_check = PushCheck(tokens=probe_tokens, tolerance=push_tolerance) if verify_push else None
         if not base_urls or any(not u.startswith(("http://", "https://")) for u in base_urls):
             raise ValueError(f"engine.base_urls must be http(s) URLs, got {base_urls!r}")
         if timeout <= 0:
@@ -415,7 +462,12 @@ class VLLMEngineSpec:
         log-prob mode does not report."""
         lpm.check_temperature(self.logprobs_mode, sampling.temperature)
 
+    def check_policy(self, uses_lora: bool) -> None:
+        """The config-time check of the policy this engine serves (`FullWeightSyncUnsupported` without LoRA)."""
+        check_lora(uses_lora)
+
     def build(self, policy: Any) -> RolloutEngine:
         return VLLMEngine(self.base_urls, adapter_dir=self.adapter_dir, api_key=self.api_key, timeout=self.timeout,
                           retries=self.retries, backoff=self.backoff, max_context=self.max_context,
-                          model=self.model, unload_previous=self.unload_previous, logprobs_mode=self.logprobs_mode)
+                          model=self.model, unload_previous=self.unload_previous, logprobs_mode=self.logprobs_mode,
+                          push_check=self.push_check)
