@@ -242,6 +242,7 @@ class VLLMEngine:
         body = completion_request(prompt, SamplingParams(max_tokens=check.tokens, temperature=0.0,
                                                          stop_token_ids=()), name, check.tokens)
         answers = await asyncio.gather(*(self._call("POST", url, "/v1/completions", body) for url in self.base_urls))
+        served = time.perf_counter() - began
         results, scored = [], {}
         for url, response in zip(self.base_urls, answers, strict=True):
             done = parse_completion(_json(response, url, "/v1/completions"), prompt, version)
@@ -252,8 +253,9 @@ class VLLMEngine:
         self.last_probe = results
         spent = time.perf_counter() - began
         self.push_check_seconds += spent
-        log.info("push v%d verified on %d server(s) in %.3f s: largest log-prob gap %.4f", version, len(results),
-                 spent, max(r.max_abs_diff for r in results))
+        log.info("push v%d verified on %d server(s) in %.3f s (servers %.3f s, trainer %.3f s): largest log-prob "
+                 "gap %.4f", version, len(results), spent, served, spent - served,
+                 max(r.max_abs_diff for r in results))
 
     async def shutdown(self) -> None:
         """Close the HTTP connections."""
