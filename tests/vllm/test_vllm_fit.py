@@ -1,5 +1,6 @@
-"""``agentrl fit`` over a real vLLM-CPU server: the smoke RTPO run trains through it (every push verified), and a
-run whose server ignores the pushes stops with the push error (and, without the check, would have trained on)."""
+"""``agentrl fit`` over a real vLLM-CPU server: the smoke RTPO run and asynchronous GRPO (``max_staleness: 1``) train
+through it (every push verified), and a run whose server ignores the pushes stops with the push error (and,
+without the check, would have trained on)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _fit(script: list[str], server: VLLMServer, model: Path, cwd: Path,
-         *extra: str) -> subprocess.CompletedProcess[str]:
-    args = ["--config", str(ROOT / "configs/smoke/rtpo_serve.yaml"), "--model.policy.init_args.model", str(model),
+def _fit(script: list[str], server: VLLMServer, model: Path, cwd: Path, *extra: str,
+         config: str = "configs/smoke/rtpo_serve.yaml") -> subprocess.CompletedProcess[str]:
+    args = ["--config", str(ROOT / config), "--model.policy.init_args.model", str(model),
             "--model.engine.init_args.base_urls", f"[{server.url}]",
             "--model.engine.init_args.logprobs_mode", "processed_logprobs", *extra]
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT), AGENTRL_VERBOSE="1")  # the push log lines
@@ -41,6 +42,17 @@ def test_smoke_rtpo_fit_trains_over_vllm(vllm_server: VLLMServer, tiny_vllm_mode
     assert f"agentrl-v{version}" in models  # the server holds the last push
     verified = re.findall(r"push v(\d+) verified on 1 server\(s\)", proc.stderr + proc.stdout)
     assert [int(v) for v in verified] == list(range(version + 1)), verified  # every push, v0 included
+
+
+def test_async_grpo_fit_with_staleness_one_over_vllm(vllm_server: VLLMServer, tiny_vllm_model: Path,
+                                                     tmp_path: Path) -> None:
+    proc = _fit([sys.executable, "-m", "agentrl.cli", "fit"], vllm_server, tiny_vllm_model, tmp_path,
+                config="configs/smoke/grpo_async_serve.yaml")
+    assert proc.returncode == 0, proc.stderr[-4000:] + vllm_server.output()
+    state = torch.load(tmp_path / "checkpoints/smoke/last.ckpt", weights_only=True, map_location="cpu")
+    assert state["agentrl"]["rl_step"] == 3 and state["agentrl"]["policy_version"] == 3  # one push per step
+    verified = re.findall(r"push v(\d+) verified on 1 server\(s\)", proc.stderr + proc.stdout)
+    assert [int(v) for v in verified] == [0, 1, 2, 3], verified  # pushed while the next batch was in flight
 
 
 @pytest.mark.parametrize("verify", [True, False], ids=["checked", "unchecked"])

@@ -115,15 +115,19 @@ def trainer_scores(policy: Any, prompt_ids: Sequence[int], completion_ids: Seque
 
 
 def compare(url: str, adapter: str, version: int, server_ids: Sequence[int], server_logprobs: Sequence[float],
-            trainer: TrainerScores, check: PushCheck) -> ProbeResult:
-    """The probe's verdict for one server: `PushNotApplied` past the tolerance, else its figures."""
+            trainer: TrainerScores, check: PushCheck, scored_ids: Sequence[int] | None = None) -> ProbeResult:
+    """The probe's verdict for one server: `PushNotApplied` past the tolerance, else its figures. ``trainer``
+    scored ``scored_ids`` (default: ``server_ids``); where the server's ids leave them (a re-push checked against
+    the push's scores), the log-probs are compared up to there and the first different id must be a near tie."""
     if len(server_ids) != check.tokens:
         raise PushNotApplied(url, adapter, version, f"the probe asked for {check.tokens} tokens with EOS ignored "
                              f"and got {len(server_ids)}")
-    diffs = [abs(s - t) for s, t in zip(server_logprobs, trainer.logprobs, strict=True)]
-    worst = max(diffs)
+    scored = list(server_ids if scored_ids is None else scored_ids)
+    same = next((i for i, (a, b) in enumerate(zip(server_ids, scored, strict=True)) if a != b), len(scored))
+    diffs = [abs(s - t) for s, t in zip(server_logprobs[:same], trainer.logprobs[:same], strict=True)]
+    worst = math.nan if any(math.isnan(d) for d in diffs) else max(diffs, default=0.0)  # max() skips a NaN
     mismatches = [i for i, (s, a, lead) in enumerate(zip(server_ids, trainer.argmax, trainer.lead, strict=True))
-                  if s != a and lead > check.margin]
+                  if i <= same and s != a and lead > check.margin]
     if not worst <= check.tolerance:  # NaN fails too
         raise PushNotApplied(url, adapter, version, f"probe log-probs differ from the trainer's by up to {worst:.4f}"
                              f" (tolerance {check.tolerance:g}; server {_fmt(server_logprobs)}, trainer "

@@ -117,6 +117,7 @@ class VLLMEngine:
         self.push_check_seconds = 0.0  # the probes' wall time, summed over pushes (part of each push's time)
         self.last_probe: list[ProbeResult] = []
         self._probe_ids: list[int] | None = None
+        self._expected: tuple[str, list[int], pcheck.TrainerScores] | None = None  # the last verified push
         self._max_context = max_context
         self._base_model = model
         self._model: str | None = model
@@ -234,28 +235,45 @@ class VLLMEngine:
 
     async def _verify(self, policy: Any, name: str, version: int, check: PushCheck) -> None:
         """The parity probe of `agentrl.engines.push_check` on every server: `PushNotApplied` names the first
-        server whose greedy ids or log-probs under ``name`` are not the trainer's."""
+        server whose greedy ids or log-probs under ``name`` are not the trainer's. The trainer's scores are kept
+        to verify a later re-push of the same adapter (a restarted server) without the policy."""
         began = time.perf_counter()
         if self._probe_ids is None:
             self._probe_ids = pcheck.probe_prompt(policy.tokenizer)
         prompt = self._probe_ids
-        body = completion_request(prompt, SamplingParams(max_tokens=check.tokens, temperature=0.0,
-                                                         stop_token_ids=()), name, check.tokens)
-        answers = await asyncio.gather(*(self._call("POST", url, "/v1/completions", body) for url in self.base_urls))
+        done = await asyncio.gather(*(self._probe(url, name, version, check) for url in self.base_urls))
         served = time.perf_counter() - began
         results, scored = [], {}
-        for url, response in zip(self.base_urls, answers, strict=True):
-            done = parse_completion(_json(response, url, "/v1/completions"), prompt, version)
-            key = tuple(done.token_ids)
+        for url, out in zip(self.base_urls, done, strict=True):
+            key = tuple(out.token_ids)
             if key not in scored:  # servers that agree on the ids share one trainer forward
-                scored[key] = await asyncio.to_thread(pcheck.trainer_scores, policy, prompt, done.token_ids)
-            results.append(pcheck.compare(url, name, version, done.token_ids, done.logprobs, scored[key], check))
+                scored[key] = await asyncio.to_thread(pcheck.trainer_scores, policy, prompt, out.token_ids)
+            results.append(pcheck.compare(url, name, version, out.token_ids, out.logprobs, scored[key], check))
+        self._expected = (name, results[0].token_ids, scored[tuple(results[0].token_ids)])
         self.last_probe = results
         spent = time.perf_counter() - began
         self.push_check_seconds += spent
         log.info("push v%d verified on %d server(s) in %.3f s (servers %.3f s, trainer %.3f s): largest log-prob "
                  "gap %.4f", version, len(results), spent, served, spent - served,
                  max(r.max_abs_diff for r in results))
+
+    async def _probe(self, url: str, name: str, version: int, check: PushCheck) -> Completion:
+        """The probe prompt decoded greedily by ``url`` under adapter ``name`` (EOS ignored)."""
+        assert self._probe_ids is not None
+        body = completion_request(self._probe_ids, SamplingParams(max_tokens=check.tokens, temperature=0.0,
+                                                                  stop_token_ids=()), name, check.tokens)
+        response = await self._call("POST", url, "/v1/completions", body)
+        return parse_completion(_json(response, url, "/v1/completions"), self._probe_ids, version)
+
+    async def _verify_repush(self, url: str, name: str) -> None:
+        """A re-pushed adapter (a restarted server) checked against the scores kept at its push."""
+        if self.push_check is None or self._expected is None or self._expected[0] != name:
+            return
+        _, ids, scores = self._expected
+        out = await self._probe(url, name, self._version, self.push_check)
+        result = pcheck.compare(url, name, self._version, out.token_ids, out.logprobs, scores, self.push_check,
+                                scored_ids=ids)
+        log.info("re-push of %s to %s verified: largest log-prob gap %.4f", name, url, result.max_abs_diff)
 
     async def shutdown(self) -> None:
         """Close the HTTP connections."""
@@ -360,10 +378,15 @@ class VLLMEngine:
         if pending is None:
             log.warning("server %s lost adapter %s (restarted?): pushing it again", url, name)
             assert self.adapter_dir is not None
-            pending = asyncio.ensure_future(self._load(url, name, self.adapter_dir / name, replace=False))
+            pending = asyncio.ensure_future(self._load_verified(url, name))
             self._reloading[key] = pending
             pending.add_done_callback(lambda _: self._reloading.pop(key, None))
         await asyncio.shield(pending)
+
+    async def _load_verified(self, url: str, name: str) -> None:
+        assert self.adapter_dir is not None
+        await self._load(url, name, self.adapter_dir / name, replace=False)
+        await self._verify_repush(url, name)
 
     async def _unload(self, url: str, name: str) -> None:
         try:
@@ -373,14 +396,17 @@ class VLLMEngine:
                 raise
 
 
+FULL_WEIGHT_REFUSAL = (
+    "VLLMEngine pushes weights as a LoRA adapter, and this policy has no LoRA (model.policy.init_args.lora). "
+    "Full-weight sync to vLLM needs its weight-transfer API (NCCL between trainer and server GPUs; on vLLM's CPU "
+    "backend reload_weights answers 200 but updates only embeddings and norms), which agentrl does not implement: "
+    "train with LoRA, or use the embedded engine.")
+
+
 def check_lora(uses_lora: bool) -> None:
     """`FullWeightSyncUnsupported` for a policy without LoRA: the only verified push is a LoRA hot-load."""
     if not uses_lora:
-        raise FullWeightSyncUnsupported(
-            "VLLMEngine pushes weights as a LoRA adapter, and this policy has no LoRA (model.policy.init_args."
-            "lora). Full-weight sync to vLLM needs its weight-transfer API (NCCL between trainer and server "
-            "GPUs; on vLLM's CPU backend reload_weights answers 200 but updates only embeddings and norms), which "
-            "agentrl does not implement: train with LoRA, or use the embedded engine.")
+        raise FullWeightSyncUnsupported(FULL_WEIGHT_REFUSAL)
 
 
 def _reached_server(exc: httpx.TransportError) -> bool:
@@ -465,8 +491,10 @@ class VLLMEngineSpec:
         lpm.check_temperature(self.logprobs_mode, sampling.temperature)
 
     def check_policy(self, uses_lora: bool) -> None:
-        """The config-time check of the policy this engine serves (`FullWeightSyncUnsupported` without LoRA)."""
-        check_lora(uses_lora)
+        """The config-time check of the policy this engine serves: a ``ValueError`` (what `agentrl fit`'s preflight
+        reports) without LoRA."""
+        if not uses_lora:
+            raise ValueError(FULL_WEIGHT_REFUSAL)
 
     def build(self, policy: Any) -> RolloutEngine:
         return VLLMEngine(self.base_urls, adapter_dir=self.adapter_dir, api_key=self.api_key, timeout=self.timeout,
