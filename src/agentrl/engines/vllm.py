@@ -33,6 +33,10 @@
   (same machine or a shared file system). vLLM needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, ``--enable-lora``,
   ``--max-lora-rank`` >= the rank and ``--max-loras`` >= 2. Full-weight sync (no LoRA) is not implemented: it needs
   vLLM's weight-transfer API (NCCL between trainer and server GPUs); see docs/vllm.md.
+* **Every push verified.** Before any request names the new adapter, every server decodes a fixed prompt greedily
+  under it and the trainer scores those tokens with the pushed policy (`agentrl.engines.push_check`): a server
+  that answers with other weights raises `PushNotApplied` naming its URL, the adapter and the version. A re-push to
+  a restarted server is checked against the scores kept from the push.
 """
 
 from __future__ import annotations
@@ -55,11 +59,13 @@ from agentrl.engines import logprobs_mode as lpm
 from agentrl.engines import push_check as pcheck
 from agentrl.engines.base import Completion, RolloutEngine, SamplingParams
 from agentrl.engines.errors import (
+    FULL_WEIGHT_REFUSAL,
     EngineProtocolError,
     EngineRequestError,
     EngineTimeout,
     EngineUnavailable,
     FullWeightSyncUnsupported,
+    check_lora,
 )
 from agentrl.engines.logprobs_mode import LogprobsMode
 from agentrl.engines.push_check import ProbeResult, PushCheck, PushNotApplied
@@ -394,19 +400,6 @@ class VLLMEngine:
         except EngineRequestError as exc:
             if exc.status != 404:  # already gone (e.g. a server restarted since the load)
                 raise
-
-
-FULL_WEIGHT_REFUSAL = (
-    "VLLMEngine pushes weights as a LoRA adapter, and this policy has no LoRA (model.policy.init_args.lora). "
-    "Full-weight sync to vLLM needs its weight-transfer API (NCCL between trainer and server GPUs; on vLLM's CPU "
-    "backend reload_weights answers 200 but updates only embeddings and norms), which agentrl does not implement: "
-    "train with LoRA, or use the embedded engine.")
-
-
-def check_lora(uses_lora: bool) -> None:
-    """`FullWeightSyncUnsupported` for a policy without LoRA: the only verified push is a LoRA hot-load."""
-    if not uses_lora:
-        raise FullWeightSyncUnsupported(FULL_WEIGHT_REFUSAL)
 
 
 def _reached_server(exc: httpx.TransportError) -> bool:
