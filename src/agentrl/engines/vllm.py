@@ -20,7 +20,10 @@
   ``/v1/load_lora_adapter`` to every server, routes later requests to it, then unloads and deletes the previous
   one. The folder must be readable by the servers, and vLLM needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``,
   ``--enable-lora``, ``--max-lora-rank`` >= the rank and ``--max-loras`` >= 2. Full-weight sync is not
-  implemented (docs/vllm.md).
+  implemented (docs/vllm.md): preflight refuses a policy without LoRA.
+* **Every push verified.** Before any request names the new adapter, every server decodes a fixed prompt greedily
+  under it and the trainer scores those tokens with the pushed policy (`agentrl.engines.push_check`): a server
+  that answers with other weights raises `PushNotApplied` naming its URL, the adapter and the version.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import itertools
 import logging
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,22 +43,27 @@ from typing import Any
 import httpx
 
 from agentrl.engines import logprobs_mode as lpm
+from agentrl.engines import push_check as pcheck
 from agentrl.engines.base import Completion, RolloutEngine, SamplingParams
 from agentrl.engines.errors import (
+    FULL_WEIGHT_REFUSAL,
     EngineProtocolError,
     EngineRequestError,
     EngineTimeout,
     EngineUnavailable,
     FullWeightSyncUnsupported,
+    check_lora,
 )
 from agentrl.engines.logprobs_mode import LogprobsMode
+from agentrl.engines.push_check import ProbeResult, PushCheck, PushNotApplied
 from agentrl.engines.vllm_wire import completion_request, parse_completion
 
 log = logging.getLogger(__name__)
 API_KEY_ENV = "AGENTRL_API_KEY"
+DEFAULT_PUSH_CHECK = PushCheck()
 __all__ = ["API_KEY_ENV", "EngineProtocolError", "EngineRequestError", "EngineTimeout", "EngineUnavailable",
-           "FullWeightSyncUnsupported", "VLLMEngine", "VLLMEngineSpec", "completion_request",
-           "parse_completion"]
+           "FullWeightSyncUnsupported", "PushCheck", "PushNotApplied", "VLLMEngine", "VLLMEngineSpec",
+           "completion_request", "parse_completion"]
 
 
 def _server_index(session: str, n: int) -> int:
@@ -77,12 +86,15 @@ class VLLMEngine:
         unload_previous: Unload the previous adapter (and delete its folder) after a push.
         logprobs_mode: The servers' ``--logprobs-mode`` (``raw_logprobs``, vLLM's default, or
             ``processed_logprobs``; ``agentrl serve`` is processed).
+        push_check: How every push is verified (`agentrl.engines.push_check`); None skips the probe (only for
+            servers that do not compute, such as protocol fakes).
     """
 
     def __init__(self, base_urls: Sequence[str], *, adapter_dir: str | None = None, api_key: str | None = None,
                  timeout: float = 300.0, connect_timeout: float = 10.0, retries: int = 3, backoff: float = 0.5,
                  max_context: int | None = None, model: str | None = None, unload_previous: bool = True,
-                 logprobs_mode: LogprobsMode = "raw_logprobs") -> None:
+                 logprobs_mode: LogprobsMode = "raw_logprobs",
+                 push_check: PushCheck | None = DEFAULT_PUSH_CHECK) -> None:
         if not base_urls:
             raise ValueError("engine.base_urls must list at least one server URL")
         lpm.check_mode_name(logprobs_mode)
@@ -94,6 +106,11 @@ class VLLMEngine:
         self.timeout = httpx.Timeout(timeout, connect=min(connect_timeout, timeout))
         self.retries, self.backoff = retries, backoff
         self.unload_previous = unload_previous
+        self.push_check = push_check
+        self.push_check_seconds = 0.0  # the probes' wall time, summed over pushes (part of each push's time)
+        self.last_probe: list[ProbeResult] = []
+        self._probe_ids: list[int] | None = None
+        self._expected: tuple[str, list[int], pcheck.TrainerScores] | None = None  # the last verified push
         self._max_context = max_context
         self._base_model = model
         self._model: str | None = model
@@ -184,11 +201,7 @@ class VLLMEngine:
 
     async def update_weights(self, policy: Any, *, version: int | None = None) -> None:
         """Save the policy's LoRA adapter and hot-load it on every server as ``agentrl-v<version>``."""
-        if not getattr(policy, "uses_lora", False):
-            raise FullWeightSyncUnsupported(
-                "VLLMEngine pushes weights as a LoRA adapter, and this policy has no LoRA (model.policy.init_args."
-                "lora). Full-weight sync to vLLM needs its weight-transfer API (NCCL between trainer and server "
-                "GPUs), which agentrl does not implement: train with LoRA, or use the embedded engine.")
+        check_lora(bool(getattr(policy, "uses_lora", False)))
         if self.adapter_dir is None:
             raise ValueError("VLLMEngine.update_weights needs adapter_dir (model.engine.init_args.adapter_dir): a "
                              "folder the servers can read")
@@ -200,6 +213,8 @@ class VLLMEngine:
         self._pushing = asyncio.get_running_loop().create_future()
         try:
             await asyncio.gather(*(self._load(url, name, path) for url in self.base_urls))
+            if self.push_check is not None:  # before any request names the new adapter
+                await self._verify(policy, name, new_version, self.push_check)
             previous = self._adapter
             self._model, self._adapter, self._version = name, name, new_version
         finally:
@@ -210,6 +225,48 @@ class VLLMEngine:
                 await asyncio.sleep(0.01)
             await asyncio.gather(*(self._unload(url, previous) for url in self.base_urls))
             shutil.rmtree(self.adapter_dir / previous, ignore_errors=True)
+
+    async def _verify(self, policy: Any, name: str, version: int, check: PushCheck) -> None:
+        """The parity probe of `agentrl.engines.push_check` on every server: `PushNotApplied` names the first
+        server whose greedy ids or log-probs under ``name`` are not the trainer's. The trainer's scores are kept
+        to verify a later re-push of the same adapter (a restarted server) without the policy."""
+        began = time.perf_counter()
+        if self._probe_ids is None:
+            self._probe_ids = pcheck.probe_prompt(policy.tokenizer)
+        prompt = self._probe_ids
+        done = await asyncio.gather(*(self._probe(url, name, version, check) for url in self.base_urls))
+        served = time.perf_counter() - began
+        results, scored = [], {}
+        for url, out in zip(self.base_urls, done, strict=True):
+            key = tuple(out.token_ids)
+            if key not in scored:  # servers that agree on the ids share one trainer forward
+                scored[key] = await asyncio.to_thread(pcheck.trainer_scores, policy, prompt, out.token_ids)
+            results.append(pcheck.compare(url, name, version, out.token_ids, out.logprobs, scored[key], check))
+        self._expected = (name, results[0].token_ids, scored[tuple(results[0].token_ids)])
+        self.last_probe = results
+        spent = time.perf_counter() - began
+        self.push_check_seconds += spent
+        log.info("push v%d verified on %d server(s) in %.3f s (servers %.3f s, trainer %.3f s): largest log-prob "
+                 "gap %.4f", version, len(results), spent, served, spent - served,
+                 max(r.max_abs_diff for r in results))
+
+    async def _probe(self, url: str, name: str, version: int, check: PushCheck) -> Completion:
+        """The probe prompt decoded greedily by ``url`` under adapter ``name`` (EOS ignored)."""
+        assert self._probe_ids is not None
+        body = completion_request(self._probe_ids, SamplingParams(max_tokens=check.tokens, temperature=0.0,
+                                                                  stop_token_ids=()), name, check.tokens)
+        response = await self._call("POST", url, "/v1/completions", body)
+        return parse_completion(_json(response, url, "/v1/completions"), self._probe_ids, version)
+
+    async def _verify_repush(self, url: str, name: str) -> None:
+        """A re-pushed adapter (a restarted server) checked against the scores kept at its push."""
+        if self.push_check is None or self._expected is None or self._expected[0] != name:
+            return
+        _, ids, scores = self._expected
+        out = await self._probe(url, name, self._version, self.push_check)
+        result = pcheck.compare(url, name, self._version, out.token_ids, out.logprobs, scores, self.push_check,
+                                scored_ids=ids)
+        log.info("re-push of %s to %s verified: largest log-prob gap %.4f", name, url, result.max_abs_diff)
 
     async def shutdown(self) -> None:
         """Close the HTTP connections."""
@@ -314,10 +371,15 @@ class VLLMEngine:
         if pending is None:
             log.warning("server %s lost adapter %s (restarted?): pushing it again", url, name)
             assert self.adapter_dir is not None
-            pending = asyncio.ensure_future(self._load(url, name, self.adapter_dir / name, replace=False))
+            pending = asyncio.ensure_future(self._load_verified(url, name))
             self._reloading[key] = pending
             pending.add_done_callback(lambda _: self._reloading.pop(key, None))
         await asyncio.shield(pending)
+
+    async def _load_verified(self, url: str, name: str) -> None:
+        assert self.adapter_dir is not None
+        await self._load(url, name, self.adapter_dir / name, replace=False)
+        await self._verify_repush(url, name)
 
     async def _unload(self, url: str, name: str) -> None:
         try:
@@ -376,13 +438,18 @@ class VLLMEngineSpec:
         model: Served base model name (default: the first of ``/v1/models``).
         unload_previous: Unload the previous adapter after each push.
         logprobs_mode: The servers' ``--logprobs-mode`` (``processed_logprobs`` for a temperature other than 1).
+        verify_push: Probe every server after every push (`agentrl.engines.push_check`); keep it on.
+        push_tolerance: Largest accepted gap between a server's and the trainer's probe log-probs (nats).
+        probe_tokens: Greedy tokens the probe decodes.
     """
 
     def __init__(self, base_urls: list[str], adapter_dir: str = "adapters", api_key: str | None = None,
                  timeout: float = 300.0, retries: int = 3, backoff: float = 0.5, max_context: int | None = None,
                  model: str | None = None, unload_previous: bool = True,
-                 logprobs_mode: LogprobsMode = "raw_logprobs") -> None:
+                 logprobs_mode: LogprobsMode = "raw_logprobs", verify_push: bool = True,
+                 push_tolerance: float = PushCheck.tolerance, probe_tokens: int = PushCheck.tokens) -> None:
         lpm.check_mode_name(logprobs_mode)
+        self.push_check = PushCheck(tokens=probe_tokens, tolerance=push_tolerance) if verify_push else None
         if not base_urls or any(not u.startswith(("http://", "https://")) for u in base_urls):
             raise ValueError(f"engine.base_urls must be http(s) URLs, got {base_urls!r}")
         if timeout <= 0:
@@ -403,7 +470,14 @@ class VLLMEngineSpec:
         declared log-prob mode does not report."""
         lpm.check_temperature(self.logprobs_mode, sampling.temperature)
 
+    def check_policy(self, uses_lora: bool) -> None:
+        """The config-time check of the policy this engine serves: a ``ValueError`` (what `agentrl fit`'s preflight
+        reports) without LoRA."""
+        if not uses_lora:
+            raise ValueError(FULL_WEIGHT_REFUSAL)
+
     def build(self, policy: Any) -> RolloutEngine:
         return VLLMEngine(self.base_urls, adapter_dir=self.adapter_dir, api_key=self.api_key, timeout=self.timeout,
                           retries=self.retries, backoff=self.backoff, max_context=self.max_context,
-                          model=self.model, unload_previous=self.unload_previous, logprobs_mode=self.logprobs_mode)
+                          model=self.model, unload_previous=self.unload_previous, logprobs_mode=self.logprobs_mode,
+                          push_check=self.push_check)

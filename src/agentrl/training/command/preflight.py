@@ -148,14 +148,17 @@ def _recorded(errors: list[str], check: Any, *args: Any, suffix: str = "", **kwa
 
 def _check_across(module: ModulePlan, data: Any) -> None:
     """The batch holds whole groups; ``data.max_staleness`` >= 1 has an engine and update that allow it; a vLLM
-    engine's declared log-prob mode reports the sampling temperature; the token budget of a
-    turn fits the model's context window."""
+    engine's declared log-prob mode reports the sampling temperature and its policy trains a LoRA adapter (the only
+    verified weight sync); the token budget of a turn fits the model's context window."""
     data.configure(module.algorithm.episodes_per_task)
     engine = module.engine if module.engine is not None else HFEngineSpec()  # the module's default engine
     check_async(getattr(data, "max_staleness", 0), engine, getattr(module.algorithm, "ppo", None))
     check_sampling = getattr(module.engine, "check_sampling", None)
     if check_sampling is not None and hasattr(data, "sampling"):
         check_sampling(data.sampling)
+    check_policy = getattr(module.engine, "check_policy", None)  # an HTTP engine syncs weights as a LoRA adapter
+    if check_policy is not None:
+        check_policy(module.policy.uses_lora)
     sampling = getattr(data, "sampling", None)
     context = getattr(module.engine, "max_context", None) or model_context(module.policy.model)
     if sampling is not None and context and sampling.max_tokens >= context:
