@@ -50,8 +50,8 @@ THIRD_PARTY: dict[int, frozenset[str]] = {
     4: frozenset({"numpy", "bm25s"}),  # envs: seeded generators; searchqa.py's retriever
     5: frozenset(),  # agents
     6: frozenset(),  # collect
-    7: frozenset({"torch", "safetensors", "fastapi", "starlette", "uvicorn", "pydantic", "pydantic_core",
-                  "jinja2"}),  # serve
+    7: frozenset({"torch", "safetensors", "fastapi", "starlette", "uvicorn", "pydantic", "pydantic_core", "httpx",
+                  "jinja2"}),  # serve (httpx: vllm_cpu.py waits on the server's /health)
     8: frozenset({"torch", "lightning", "mlflow", "requests", "matplotlib", "filelock"}),  # tracking (store lock)
     9: frozenset({"torch", "lightning", "torchmetrics", "jsonargparse", "transformers",
                   "datasets"}),  # training (hf_tasks.py: `datasets`, imported lazily)

@@ -3,24 +3,18 @@
 * **Token ids in and out.** ``generate`` posts the exact prompt ids to ``/v1/completions`` with
   ``return_token_ids`` and ``logprobs: 0`` and reads ``choices[0].token_ids`` and ``logprobs.token_logprobs``
   (a stop token is the last id). The response's ``prompt_token_ids`` must equal the ids sent.
-* **Stops.** ``SamplingParams.stop_token_ids=None`` keeps the server's EOS handling; a tuple is sent as
-  ``stop_token_ids`` with ``ignore_eos: true``, so the completion stops on exactly those ids, as `HFEngine` does.
+* **Stops.** A ``stop_token_ids`` tuple is sent with ``ignore_eos: true``: the completion stops on exactly those ids.
 * **Log-probs.** ``logprobs_mode`` declares the server's ``--logprobs-mode``; with vLLM's default ``raw_logprobs``
   a temperature other than 1 raises `LogprobsModeError` before any rollout (`agentrl.engines.logprobs_mode`).
 * **Servers.** Each episode is pinned to one of several base URLs (by a hash of its id) for its prefix cache.
-* **Faults.** ``timeout`` bounds a whole call, retries included (`EngineTimeout`). A request that never reached the
-  server, or got a 5xx, is resent with exponential backoff up to ``retries`` times, then raises
-  `EngineUnavailable`; one that reached the server and timed out is not resent. 4xx raises `EngineRequestError`,
-  a non-JSON 200 `EngineProtocolError`. A server that lost the pushed adapter (it
-  restarted) gets it pushed again from ``adapter_dir`` and the request sent once more.
-* **Pushes while requests are in flight** (``data.max_staleness`` >= 1). A request is stamped with the version of
-  the adapter it names; one that a push overtook is resent naming the new adapter. The previous adapter is
-  unloaded once no request names it.
+* **Faults.** ``timeout`` bounds a whole call (`EngineTimeout`). A request that never reached the server, or got a
+  5xx, is resent with backoff up to ``retries`` times (`EngineUnavailable`); one the server timed out on is not.
+  A server that lost the adapter (it restarted) gets it pushed again and the request is sent once more.
+* **Pushes while requests are in flight** (``data.max_staleness`` >= 1): a request a push overtook is resent naming
+  the new adapter; the previous adapter is unloaded once no request names it.
 * **Weight sync is a LoRA hot-load.** ``update_weights`` saves the adapter to ``adapter_dir/agentrl-v<N>``, posts
   ``/v1/load_lora_adapter`` to every server, routes later requests to it, then unloads and deletes the previous
-  one. The folder must be readable by the servers, and vLLM needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``,
-  ``--enable-lora``, ``--max-lora-rank`` >= the rank and ``--max-loras`` >= 2. Full-weight sync is not
-  implemented (docs/vllm.md): preflight refuses a policy without LoRA.
+  one (server flags in docs/vllm.md). Full-weight sync is not implemented: preflight refuses a policy without LoRA.
 * **Every push verified.** Before any request names the new adapter, every server decodes a fixed prompt greedily
   under it and the trainer scores those tokens with the pushed policy (`agentrl.engines.push_check`): a server
   that answers with other weights raises `PushNotApplied` naming its URL, the adapter and the version.
@@ -57,6 +51,10 @@ from agentrl.engines.errors import (
 from agentrl.engines.logprobs_mode import LogprobsMode
 from agentrl.engines.push_check import ProbeResult, PushCheck, PushNotApplied
 from agentrl.engines.vllm_wire import completion_request, parse_completion
+from agentrl.engines.vllm_wire import error_message as _error_message
+from agentrl.engines.vllm_wire import json_body as _json
+from agentrl.engines.vllm_wire import reached_server as _reached_server
+from agentrl.engines.vllm_wire import save_adapter as _save_adapter
 
 log = logging.getLogger(__name__)
 API_KEY_ENV = "AGENTRL_API_KEY"
@@ -387,41 +385,6 @@ class VLLMEngine:
         except EngineRequestError as exc:
             if exc.status != 404:  # already gone (e.g. a server restarted since the load)
                 raise
-
-
-def _reached_server(exc: httpx.TransportError) -> bool:
-    """The request was sent and the server went quiet (read/write timeout): it may be working on it."""
-    return isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout)
-
-
-def _json(response: httpx.Response, url: str, path: str) -> Any:
-    """The answer's JSON, or `EngineProtocolError` naming the URL with an excerpt of what came instead."""
-    try:
-        return response.json()
-    except ValueError as exc:
-        excerpt = " ".join(response.text[:200].split()) or "(empty body)"
-        kind = response.headers.get("content-type", "no content-type")
-        raise EngineProtocolError(f"{url}{path} answered {response.status_code} with a body that is not JSON "
-                                  f"({kind}): {excerpt!r}. Is base_urls pointing at a vLLM server (not a proxy or "
-                                  "a web page)?") from exc
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        data = response.json()
-    except ValueError:
-        return response.text[:300]
-    err = data.get("error", data) if isinstance(data, dict) else data
-    return str(err.get("message", err) if isinstance(err, dict) else err)[:500]
-
-
-def _save_adapter(policy: Any, path: Path) -> None:
-    """Write the adapter to a temporary folder, then rename it into place (a server never reads half a file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    policy.save(tmp)
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
 
 
 class VLLMEngineSpec:

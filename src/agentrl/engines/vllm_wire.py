@@ -1,10 +1,15 @@
-"""The ``/v1/completions`` wire format of `agentrl.engines.vllm.VLLMEngine`: the request body for token-id prompts
-and the parse of vLLM's answer into a `Completion` (token ids and log-probs as the server returned them)."""
+"""The wire side of `agentrl.engines.vllm.VLLMEngine`: the ``/v1/completions`` request body for token-id prompts,
+the parse of vLLM's answer into a `Completion` (token ids and log-probs as the server returned them), error bodies,
+and the atomic adapter write a server loads from."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+import httpx
 
 from agentrl.engines.base import Completion, SamplingParams
 from agentrl.engines.errors import EngineProtocolError
@@ -59,3 +64,39 @@ def parse_completion(data: dict[str, Any], prompt_ids: Sequence[int], version: i
     info = {} if reason in _FINISH else {"finish_reason": reason}
     return Completion(token_ids, [float(x) for x in logprobs], finish, policy_version=version,
                       prompt_len=len(prompt_ids), cached_tokens=int(cached), info=info)
+
+
+def reached_server(exc: httpx.TransportError) -> bool:
+    """The request was sent and the server went quiet (read/write timeout): it may be working on it."""
+    return isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout)
+
+
+def json_body(response: httpx.Response, url: str, path: str) -> Any:
+    """The answer's JSON, or `EngineProtocolError` naming the URL with an excerpt of what came instead."""
+    try:
+        return response.json()
+    except ValueError as exc:
+        excerpt = " ".join(response.text[:200].split()) or "(empty body)"
+        kind = response.headers.get("content-type", "no content-type")
+        raise EngineProtocolError(f"{url}{path} answered {response.status_code} with a body that is not JSON "
+                                  f"({kind}): {excerpt!r}. Is base_urls pointing at a vLLM server (not a proxy or "
+                                  "a web page)?") from exc
+
+
+def error_message(response: httpx.Response) -> str:
+    """The error text of a 4xx/5xx answer (vLLM's ``{"error": {"message": ...}}`` or the raw body), shortened."""
+    try:
+        data = response.json()
+    except ValueError:
+        return response.text[:300]
+    err = data.get("error", data) if isinstance(data, dict) else data
+    return str(err.get("message", err) if isinstance(err, dict) else err)[:500]
+
+
+def save_adapter(policy: Any, path: Path) -> None:
+    """Write the adapter to a temporary folder, then rename it into place (a server never reads half a file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.save(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)

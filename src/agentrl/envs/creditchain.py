@@ -2,8 +2,9 @@
 
 An episode is ``decisions`` *decision* turns and ``distractors`` *distractor* turns in a fixed order. A decision
 turn shows a cue word and asks for one of ``options`` colours; one is right by a fixed cue → colour rule (per
-``rule_seed``, so a policy can learn it). A distractor's reply does not change the outcome. ``order="decisions_first"`` is the long-delay case (the
-reward arrives ``distractors`` turns after the choice that earned it); ``"decisions_last"`` is the control.
+``rule_seed``, so a policy can learn it). A distractor's reply does not change the outcome.
+``order="decisions_first"`` is the long-delay case (the reward arrives ``distractors`` turns after the choice that
+earned it); ``"decisions_last"`` is the control.
 
 Rewards: the terminal reward is the fraction of decisions answered right (``reward="all"``: 1.0 only when all are
 right). With ``noise = σ > 0`` each valid distractor reply also earns ``σ·z``, z a standard normal hashed from the
