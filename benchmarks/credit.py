@@ -52,6 +52,7 @@ Example (the must-show run)::
         --schedules rtpo turn_ppo grpo token_ppo --json benchmarks/results/credit/credit.json
     python benchmarks/credit.py --setting creditchain-d8 --noise 0 \
         --checkpoint checkpoints/kept/creditchain-d8/turn_ppo/seed0.ckpt --json benchmarks/results/credit/trained.json
+    python benchmarks/credit.py --smoke --json /tmp/credit.json    # tiny random model, seconds: does it run
 """
 
 from __future__ import annotations
@@ -383,7 +384,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turn-gamma", type=float, default=0.99, help="Turn-PPO's γ (default: the paper's 0.99)")
     parser.add_argument("--turn-lam", type=float, default=0.9, help="Turn-PPO's GAE λ (default: the paper's 0.9)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny random model, D = 0, one task, two episodes: checks the script runs (give --json)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.model, args.distractors, args.noise, args.tasks = "tiny-random", [0], [0.0], 1
+        args.group, args.siblings, args.max_tokens = 2, 2, 2
     apply_setting(args, parser)
     args.model = args.model or "smollm2-135m-instruct"
     for name in ("tasks", "group", "siblings", "decisions", "options", "max_tokens"):
