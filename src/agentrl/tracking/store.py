@@ -55,8 +55,8 @@ def with_summary(metrics: Mapping[str, float]) -> dict[str, float]:
 
 def run_page_url(experiment_id: str, run_id: str, ui: str = DEFAULT_UI) -> str:
     """The run's page in ``mlflow ui`` laid out for model training. MLflow 3's UI opens in its GenAI layout unless
-    told otherwise (a choice it keeps in the browser), and there every run is listed under "Evaluations", with
-    the traces first; ``workflowType=machine_learning`` opens the "Model training" layout: runs, metric charts."""
+    the URL or the browser says otherwise (its "Model training" switch), and there every run is listed under
+    "Evaluations"; ``workflowType=machine_learning`` opens the "Model training" layout: runs, metric charts."""
     return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
 
 
