@@ -18,7 +18,8 @@ is not run again, so a long comparison can be stopped and resumed (``--fresh`` s
 Usage::
 
     python benchmarks/async.py                                   # SmolLM2-135M-Instruct, the real comparison
-    python benchmarks/async.py --model tiny-random --budget 300 --eval-episodes 4 --out /tmp/async-smoke.json
+    python benchmarks/async.py --model tiny-random --budget 300 --eval-episodes 4 --out /tmp/async-small.json
+    python benchmarks/async.py --smoke --out /tmp/async-smoke.json    # tiny random model, seconds: does it run
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ def print_table(runs: list[dict[str, Any]]) -> None:
               f"{held:>13}")
 
 
-RESUME_IGNORES = ("out", "seeds", "schedules", "staleness", "fresh")  # what may differ between resumed invocations
+# what may differ between resumed invocations
+RESUME_IGNORES = ("out", "seeds", "schedules", "staleness", "fresh", "smoke")
 
 
 def same_workload(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -192,9 +194,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-episodes", type=int, default=32)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/async.json")
     ap.add_argument("--fresh", action="store_true", help="ignore the runs already in --out")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny random model, GRPO at s = 0 to a 48-token budget: checks the script runs")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.model, args.schedules, args.staleness, args.budget = "tiny-random", ["grpo"], [0], 48
+        args.tasks, args.epochs, args.max_tokens, args.eval_episodes, args.fresh = 1, 1, 8, 2, True
     torch.set_num_threads(1)  # the trainer's one thread
-    workload = vars(args) | {"out": str(args.out)}
+    workload = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     runs = [] if args.fresh else earlier_runs(args.out, workload)
     todo = pending(runs, args.seeds, args.schedules, args.staleness)
     print(f"{len(runs)} runs already in {args.out}; {len(todo)} to run", flush=True)

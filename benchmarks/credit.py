@@ -57,6 +57,7 @@ Example (the must-show run)::
         --schedules rtpo turn_ppo grpo token_ppo --json benchmarks/results/credit/credit.json
     python benchmarks/credit.py --setting creditchain-d8 --noise 0 \
         --checkpoint checkpoints/kept/creditchain-d8/turn_ppo/seed0.ckpt --json benchmarks/results/credit/trained.json
+    python benchmarks/credit.py --smoke --json /tmp/credit.json    # tiny random model, seconds: does it run
 """
 
 from __future__ import annotations
@@ -393,7 +394,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turn-lam", type=float, default=0.9, help="Turn-PPO's GAE λ (default: the paper's 0.9)")
     parser.add_argument("--json", type=Path, default=None)
     truth_flags(parser)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny random model, D = 0, one task, two episodes: checks the script runs (give --json)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.model, args.distractors, args.noise, args.tasks = "tiny-random", [0], [0.0], 1
+        args.group, args.siblings, args.max_tokens = 2, 2, 2
     if args.chooser is None:
         args.chooser = "random" if args.critic is not None or args.env != "creditchain" else "llm"
     if args.tasks is None:

@@ -37,6 +37,7 @@ Example::
 
     python benchmarks/credit_grid.py --settings creditchain-d0 creditchain creditchain-d8 creditchain-m3-d4 \\
         creditchain-d8-last creditchain-d4-n0.5
+    python benchmarks/credit_grid.py --smoke --out /tmp/grid     # the committed D = 0 cells only: does it run
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import csv
 import itertools
 import json
 import math
+import shutil
 import statistics
 import sys
 from collections import Counter
@@ -418,6 +420,21 @@ def write(out: Path, rows: list[dict[str, Any]], name: str = "creditchain-grid")
     return folder
 
 
+def smoke_cells(args: argparse.Namespace) -> None:
+    """``--smoke``: the committed cells of one setting copied under ``--out``, the grid made of that setting only."""
+    committed = ROOT / "benchmarks" / "results" / "learning"
+    if args.out.resolve() == committed.resolve():
+        raise SystemExit("credit_grid.py --smoke: give --out another folder (the committed results stay as they are)")
+    source = committed / "creditchain-d0"
+    for summary in source.glob("*/seed*/summary.json"):
+        cell = args.out / "creditchain-d0" / summary.parent.relative_to(source)
+        cell.mkdir(parents=True, exist_ok=True)
+        for name in ("summary.json", "metrics.csv"):
+            if (summary.parent / name).is_file():
+                shutil.copyfile(summary.parent / name, cell / name)
+    args.settings = ["creditchain-d0"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--settings", nargs="+", default=["creditchain-d0", "creditchain", "creditchain-d8",
@@ -434,7 +451,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ablation", type=Path,
                    help="compare the cells under this folder (same layout, one change) with the grid's under --out, "
                         "seed by seed, and write <ablation>/comparison.md instead of the grid")
+    p.add_argument("--smoke", action="store_true",
+                   help="copy the committed creditchain-d0 cells into --out (give another folder) and tabulate them: "
+                        "checks the script runs")
     args = p.parse_args(argv)
+    if args.smoke:
+        smoke_cells(args)
     if args.ablation:
         rows = ablation_rows(args.out, args.ablation, args.settings, args.schedules, args.seeds, args.rules)
         if not rows:

@@ -16,6 +16,7 @@ Usage (on the device machine; SmolLM2's GGUF is carried in, see docs/benchmarks.
 
     python benchmarks/cuda_main_job.py --model /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf --out $OUT
     python benchmarks/cuda_main_job.py --smoke --out $OUT      # tiny random model, 2 steps: does it run at all
+    python benchmarks/cuda_main_job.py --cpu-check --out DIR   # the same on the CPU, no GPU needed
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def read_metrics(path: Path) -> tuple[list[dict[str, float]], dict[str, float]]:
 
 def run_fit(name: str, model: str, steps: int, extra: list[str], out: Path, accelerator: str = "gpu") -> dict[str, Any]:
     folder = Path("/tmp/agentrl_cuda") / name
-    folder.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)  # an earlier run's CSV versions would be read as this run's
+    folder.mkdir(parents=True)
     config = Path(__file__).resolve().parent.parent / "configs" / "rtpo.yaml"
     cmd = [sys.executable, "-m", "agentrl", "fit", "--config", str(config),
            "--trainer.accelerator", accelerator, "--trainer.devices", "1",
@@ -135,6 +137,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.cpu_check:
         run = run_fit("cpu_check", "tiny-random", 2, ["--data.eval_episodes", "4"], args.out, accelerator="cpu")
+        (args.out / "cuda_main_job.json").write_text(json.dumps({"runs": [run]}, indent=1))
         print(json.dumps(run, indent=1)[:3000])
         return 0 if run["returncode"] == 0 and run.get("steps") else 1
     if not torch.cuda.is_available():

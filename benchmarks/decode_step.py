@@ -17,6 +17,7 @@ one's did by a quarter between runs) is held against its own kernels of the same
 
 Usage::
 
+    python benchmarks/decode_step.py --smoke --out /tmp/decode_step.json   # tiny random model: does it run
     python benchmarks/decode_step.py [--batch 16 --tokens 48 --repeats 3 --rounds 2] [--out OUT.json]
 """
 
@@ -80,15 +81,16 @@ def measure(policy: Policy, weights: str, lean: bool, pack: bool, batch: int, to
             "top_ops_ms_per_step": dict(sorted(ops.items(), key=lambda kv: -kv[1])[:12])}
 
 
-def floors_now(batch: int, repeats: int = 7, min_seconds: float = 0.01) -> dict[str, dict[str, float]]:
+def floors_now(batch: int, repeats: int = 7, min_seconds: float = 0.01, mib: int = 512,
+               cold_mib: int = 256) -> dict[str, dict[str, float]]:
     """The decode floors measured now, in this process at its thread count (`roofline`'s shapes and method):
     per dtype, the sum of one step's projection matmuls at ``batch`` rows and weight bytes / read bandwidth; for
     bf16 also the same matmuls with the weights packed in oneDNN's layout (`agentrl.engines.lean.packs`), the
     kernel the packed lean step calls."""
     threads = torch.get_num_threads()
-    read = max(r["gb_per_s"] for r in roofline.bandwidth(threads, 512, repeats, min_seconds)
+    read = max(r["gb_per_s"] for r in roofline.bandwidth(threads, mib, repeats, min_seconds)
                if r["op"] == "sum (read)")
-    rows = [roofline.matmul(threads, batch, roofline.weights(n, k, dtype, 256), repeats, min_seconds,
+    rows = [roofline.matmul(threads, batch, roofline.weights(n, k, dtype, cold_mib), repeats, min_seconds,
                             kind="decode", name=name)
             for dtype in (torch.float32, torch.bfloat16) for name, (k, n) in roofline.PROJECTIONS.items()]
     params = roofline.smollm2_parameters()
@@ -96,7 +98,8 @@ def floors_now(batch: int, repeats: int = 7, min_seconds: float = 0.01) -> dict[
                       "bandwidth_floor_ms": params * size / (read * 1e9) * 1e3}
               for dtype, size in (("float32", 4), ("bfloat16", 2))}
     if packs(torch.zeros(1, dtype=torch.bfloat16)) is None:
-        packed = [roofline.matmul(threads, batch, [pack_weight(w) for w in roofline.weights(n, k, torch.bfloat16, 256)],
+        packed = [roofline.matmul(threads, batch,
+                                  [pack_weight(w) for w in roofline.weights(n, k, torch.bfloat16, cold_mib)],
                                   repeats, min_seconds, op=packed_linear, kind="decode", name=name)
                   for name, (k, n) in roofline.PROJECTIONS.items()]
         floors["bfloat16"]["packed_matmul_floor_ms"] = roofline.step_matmul_ms(packed, threads, "bfloat16", batch)
@@ -111,10 +114,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds over the five engines (best of all kept)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/decode_step.json"))
     parser.add_argument("--one", help=argparse.SUPPRESS)  # "weights:lean" — one engine, its result on stdout
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny random model, batch 2, 4 tokens, one round, small floors: checks the script runs")
     args = parser.parse_args()
+    floor_args: dict[str, int] = {}
+    if args.smoke:
+        args.model, args.batch, args.tokens, args.repeats, args.rounds = "tiny-random", 2, 4, 1, 1
+        floor_args = {"repeats": 1, "mib": 1, "cold_mib": 0}
     if args.one:
         weights, kind = args.one.split(":")
-        policy = Policy("smollm2-135m-instruct", dtype="float32", compute_dtype="float32")
+        policy = Policy(args.model, dtype="float32", compute_dtype="float32")
         policy.model.eval()
         one = measure(policy, weights, kind != "hf", kind == "lean-packed", args.batch, args.tokens, args.repeats)
         print("RESULT " + json.dumps(one))
@@ -123,8 +133,8 @@ def main() -> None:
     result: dict[str, Any] = {"machine": f"{platform.machine()}, {threads} threads, torch {torch.__version__}",
                               "cpu": cpu_identity(), "load_average_start": os.getloadavg(),
                               "workload": {"batch": args.batch, "tokens": args.tokens, "repeats": args.repeats,
-                                           "rounds": args.rounds}}
-    before = floors_now(args.batch)
+                                           "rounds": args.rounds, "model": args.model}}
+    before = floors_now(args.batch, **floor_args)
     # decode path: transformers' modules, the lean step (the default), the lean step with the copy held packed
     # (`engine.pack_weights: true`, where the CPU's oneDNN packs bf16)
     configs = (("shared", "hf"), ("shared", "lean"), ("copy", "hf"), ("copy", "lean"), ("copy", "lean-packed"))
@@ -133,10 +143,11 @@ def main() -> None:
         for weights, kind in configs:  # each engine in a process of its own, as in a run
             out = subprocess.run([sys.executable, __file__, "--one", f"{weights}:{kind}",
                                   "--batch", str(args.batch), "--tokens", str(args.tokens),
-                                  "--repeats", str(args.repeats)], capture_output=True, text=True, check=True)
+                                  "--repeats", str(args.repeats), "--model", args.model],
+                                 capture_output=True, text=True, check=True)
             line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
             runs[weights, kind].append(json.loads(line.removeprefix("RESULT ")))
-    after = floors_now(args.batch)
+    after = floors_now(args.batch, **floor_args)
     result["floors"] = {"before": before, "after": after,
                         "used": "the lower of before and after (the fastest kernels seen: the strictest floor)"}
     result["engines"] = []

@@ -23,6 +23,7 @@ Example::
 
     python benchmarks/format_warmup.py --out checkpoints/warmup/frozenlake-format
     python benchmarks/format_warmup.py --env creditchain --out checkpoints/warmup/creditchain-format
+    python benchmarks/format_warmup.py --smoke --out /tmp/warmup   # tiny random model, seconds: does it run
 """
 
 from __future__ import annotations
@@ -149,11 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--check", type=int, default=32, help="held-out first replies sampled before and after")
+    p.add_argument("--model", default=SMOLLM2, help="the model to warm up")
+    p.add_argument("--smoke", action="store_true", help="tiny random model, 2 episodes, 1 epoch: checks it runs")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.model, args.episodes, args.epochs, args.batch, args.check = "tiny-random", 2, 1, 2, 2
     args.out = args.out or ROOT / "checkpoints" / "warmup" / f"{args.env}-format"
     torch.manual_seed(args.seed)
     start, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-    loaded = load_model(SMOLLM2)
+    loaded = load_model(args.model)
     tok, model = loaded.tokenizer, loaded.model
     model.eval()
     before = valid_rate(tok, model, args.check, 12, args.seed, args.env)
@@ -189,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     environment = ("FrozenLakeEnv(size=2, holes=0, max_turns=6, prompt_example=True)" if args.env == "frozenlake"
                    else f"CreditChainEnv({CHAIN_BASE}) over {CHAIN_SETTINGS}, EnvAgent(history=None) prompts")
-    report = {"base_model": SMOLLM2, "environment": environment,
+    report = {"base_model": args.model, "environment": environment,
               "targets": ("one uniformly random direction word per reply (no information about the right move)"
                           if args.env == "frozenlake" else
                           "one uniformly random option word per reply (no information about the right colour)"),

@@ -5,12 +5,19 @@ The 2x2 lake has three non-goal positions: (0, 0) the start, where right and dow
 where only down wins; (1, 0) bottom-left, where only right wins. A policy that learned the task conditions its move
 on the position (down, then right); one that learned a single preferred move repeats it into a wall.
 
-    python benchmarks/frozenlake_moves.py sqlite-file run-name [run-name ...]
+    python benchmarks/frozenlake_moves.py sqlite-file run-name [run-name ...] [--json OUT.json]
+    python benchmarks/frozenlake_moves.py --smoke DIR --json OUT.json   # a tiny learning cell's run, tallied
+
+``--smoke DIR`` first runs ``benchmarks/learning.py --smoke --env frozenlake --out DIR`` (one GRPO cell on the tiny
+random model, seconds) and tallies its run: it checks that the script reads what the trainer writes.
 """
+import argparse
 import collections
 import json
 import sqlite3
+import subprocess
 import sys
+from pathlib import Path
 
 DIRECTIONS = {"left": (0, -1), "right": (0, 1), "up": (-1, 0), "down": (1, 0)}
 
@@ -46,15 +53,31 @@ def moves(db: str, run_name: str) -> dict[str, dict[tuple[int, int], collections
     return table
 
 
-def main() -> None:
-    db = sys.argv[1]
-    for run_name in sys.argv[2:]:
-        for label, by_pos in moves(db, run_name).items():
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("db", nargs="?", help="the MLflow sqlite file")
+    p.add_argument("runs", nargs="*", help="run names")
+    p.add_argument("--json", type=Path, default=None, help="write the tallies here too")
+    p.add_argument("--smoke", type=Path, default=None, metavar="DIR", help="run a tiny cell into DIR and tally it")
+    args = p.parse_args(argv)
+    if args.smoke is not None:
+        subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "learning.py"), "--smoke", "--env",
+                        "frozenlake", "--out", str(args.smoke)], check=True)
+        args.db, args.runs = str(args.smoke / "mlflow.db"), ["frozenlake-grpo-seed0"]
+    if args.db is None or not args.runs:
+        p.error("give the sqlite file and at least one run name (or --smoke DIR)")
+    out: dict[str, dict[str, dict[str, dict[str, int]]]] = {}
+    for run_name in args.runs:
+        for label, by_pos in moves(args.db, run_name).items():
             for pos in sorted(by_pos):
                 c = by_pos[pos]
                 n = sum(c.values())
+                out.setdefault(run_name, {}).setdefault(label, {})[str(pos)] = dict(c)
                 print(f"{run_name:24s} {label:8s} at {pos}: n={n:3d} "
                       + " ".join(f"{w} {c[w] / n:.2f}" for w in ("right", "down", "left", "up", "other")))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

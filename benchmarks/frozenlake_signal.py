@@ -9,14 +9,17 @@ or comes from two *identical* moves whose continuations differed (pure continuat
 identical replies, so these cancel). It is why a median RTPO update on this task rests on a few samples whose sign
 is right about 2:1 at depth 0 (docs/benchmarks-log.md, "FrozenLake RTPO").
 
-    python benchmarks/frozenlake_signal.py
+    python benchmarks/frozenlake_signal.py [--json OUT.json]      # exact, a second: no smoke mode needed
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import itertools
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
 MOVES_PER_EPISODE = 6
@@ -73,15 +76,24 @@ def analyse(pi: Policy) -> tuple[float, list[tuple[int, float, float, float, flo
     return success_probability(pi)((0, 0), MOVES_PER_EPISODE), rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
+    args = parser.parse_args(argv)
+    out: dict[str, dict[str, object]] = {}
     for name, pi in [("uniform", dict.fromkeys(MOVES, 0.25)),
                      ("wall-leaning 0.4 up/left", {"up": .4, "left": .4, "right": .1, "down": .1}),
                      ("good-leaning 0.4 right/down", {"up": .1, "left": .1, "right": .4, "down": .4})]:
         success, rows = analyse(pi)
+        out[name] = {"success": success, "depths": [dict(zip(("depth", "alive", "informative", "sign_right",
+                                                              "same_move_noise"), r, strict=True)) for r in rows]}
         print(f"{name}: success {success:.3f}")
         for k, alive, inf, right, noise in rows:
             print(f"  depth {k}: alive {alive:.3f}  informative pairs {inf:.3f}  sign right {right:.3f}  "
                   f"wrong {1 - right - noise:.3f}  same-move noise {noise:.3f}")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

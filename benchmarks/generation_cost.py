@@ -8,6 +8,7 @@ learning curves at equal generation budgets.
 Usage::
 
     python benchmarks/generation_cost.py [--tasks 4 --steps 1 --model smollm2-135m-instruct]
+    python benchmarks/generation_cost.py --smoke --out /tmp/gc     # tiny random model, seconds: does it run
 """
 
 from __future__ import annotations
@@ -40,10 +41,16 @@ class Probe(pl.Callback):
         self.steps: list[dict[str, float]] = []
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        s = pl_module._step_stats
-        self.steps.append({"generated_tokens": s["generated_tokens"], "episodes": s["episodes"],
-                           "sampled_turns": s["sampled_turns"], "rollout_seconds": s["rollout_seconds"],
-                           "train_seconds": s["train_seconds"], "updates": float(pl_module.policy_version)})
+        """The step's own metrics (`AgentRLModule.last_metrics`); the rollout seconds from its tokens and rate,
+        the rest of the step (scoring and the update) as ``train_seconds``."""
+        m = pl_module.last_metrics
+        tokens, rate = m.get("perf/generated_tokens", 0.0), m.get("perf/rollout_tokens_per_s", 0.0)
+        rollout = tokens / rate if rate > 0 else 0.0
+        self.steps.append({"generated_tokens": tokens, "episodes": m.get("rollout/generated_episodes",
+                                                                         m.get("rollout/episodes", 0.0)),
+                           "sampled_turns": m.get("rollout/sampled_turns", 0.0), "rollout_seconds": rollout,
+                           "train_seconds": m.get("perf/step_seconds", 0.0) - rollout,
+                           "updates": float(pl_module.policy_version)})
 
 
 def run(name: str, schedule: Schedule, args: argparse.Namespace) -> dict[str, Any]:
@@ -71,7 +78,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--smoke", action="store_true", help="tiny random model, 1 task, 4 tokens: checks it runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.model, args.tasks, args.steps, args.max_tokens = "tiny-random", 1, 1, 4
     schedules: list[tuple[str, Schedule]] = [
         ("RTPO", RTPO(group_size=3)), ("GRPO", GRPO(group_size=4)), ("Turn-PPO", TurnPPO()),
         ("Token-PPO", TokenPPO()),

@@ -16,6 +16,7 @@ The settings: the default (1,024), the cap the ``agentrl`` command sets (64, `ag
 small: decoding rebuilds its kernels).
 
     python benchmarks/kernel_cache.py               # writes benchmarks/results/kernel_cache.json
+    python benchmarks/kernel_cache.py --smoke --out /tmp/kernel_cache.json   # seconds: does it run
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ SETTINGS = {"default (1,024)": None, "agentrl's cap (64)": "64", "too small (4)"
 NAMES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 
-def probe() -> dict[str, float]:
-    """The two workloads in this process (see the module docstring)."""
+def probe(smoke: bool = False) -> dict[str, float]:
+    """The two workloads in this process (see the module docstring); ``smoke``: 10 shapes and 10 rounds."""
     import torch
     from torch.nn.functional import linear
 
@@ -48,7 +49,7 @@ def probe() -> dict[str, float]:
     release_memory()
     before = (resident_mib() or (0.0, 0.0))[0]
     start = time.perf_counter()
-    for m in range(100, 1100, 5):
+    for m in range(100, 1100, 100 if smoke else 5):
         x = rows[:m].clone().requires_grad_()
         weight = w.clone().requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -64,10 +65,11 @@ def probe() -> dict[str, float]:
         for x in xs:  # warm-up: build the kernels once
             linear(linear(x, up), down)
         start = time.perf_counter()
-        for _ in range(300):
+        rounds = 10 if smoke else 300
+        for _ in range(rounds):
             for x in xs:
                 linear(linear(x, up), down)
-        repeating_ms = (time.perf_counter() - start) * 1e3 / 300
+        repeating_ms = (time.perf_counter() - start) * 1e3 / rounds
     return {"varying_shapes_growth_mib": growth, "varying_shapes_s": varying_s, "repeating_shapes_ms": repeating_ms}
 
 
@@ -75,19 +77,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/kernel_cache.json"))
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # the child process
+    parser.add_argument("--smoke", action="store_true", help="10 shapes and 10 rounds: checks the script runs")
     args = parser.parse_args()
     if args.probe:
-        print(json.dumps(probe()))
+        print(json.dumps(probe(args.smoke)))
         return
     from agentrl.models.precision import cpu_identity
 
     out: dict[str, Any] = {"machine": f"{platform.machine()}, 1 thread, {os.cpu_count()} cpus", "cpu": cpu_identity(),
-                           "load_average_start": list(os.getloadavg()), "runs": {}}
+                           "load_average_start": list(os.getloadavg()), "smoke": args.smoke, "runs": {}}
     for label, cap in SETTINGS.items():
         env = {k: v for k, v in os.environ.items() if k not in NAMES}
         if cap is not None:
             env.update(dict.fromkeys(NAMES, cap))
-        done = subprocess.run([sys.executable, __file__, "--probe"], env=dict(env, OMP_NUM_THREADS="1"),
+        smoke = ["--smoke"] if args.smoke else []
+        done = subprocess.run([sys.executable, __file__, "--probe", *smoke], env=dict(env, OMP_NUM_THREADS="1"),
                               check=True, capture_output=True, text=True)
         result = json.loads(done.stdout.strip().splitlines()[-1])
         out["runs"][label] = result

@@ -26,6 +26,7 @@ Example::
 
     python benchmarks/learning.py --env guess --schedules rtpo turn_ppo grpo token_ppo --seeds 0 1 2
     python benchmarks/learning.py --env guess --report
+    python benchmarks/learning.py --smoke --out /tmp/learning     # one tiny cell, seconds: does it run
     python benchmarks/learning.py --env creditchain-d0 creditchain-d4 creditchain-d8 --lr-from-sweep --seeds 0 1 2 3 4
 """
 
@@ -141,10 +142,11 @@ def env_name(name: str) -> str:
     return name
 
 
-def ensure_warmup(env: str, out: Path) -> None:
-    """Make the env's warm-up model when its folder is missing; keep its report beside the env's results."""
+def ensure_warmup(env: str, out: Path, smoke: bool = False) -> None:
+    """Make the env's warm-up model when its folder is missing; keep its report beside the env's results. A smoke
+    cell (the tiny random model) needs none."""
     base, _ = env_setting(env)
-    if base not in WARMUPS:
+    if base not in WARMUPS or smoke:
         return
     script, folder, current = WARMUPS[base]
     report = json.loads((folder / "warmup.json").read_text()) if (folder / "warmup.json").exists() else None
@@ -480,6 +482,17 @@ def summarize(metrics_csv: Path, env: str, schedule: str, seed: int, wall: float
             "cpu": cpu_identity()}
 
 
+def smoke_args(args: argparse.Namespace) -> None:
+    """``--smoke``: one cheap cell of the first ``--env`` (no warm-up model: the tiny random model replaces it), its
+    scratch, checkpoints and MLflow store under ``--out``. Without ``--smoke`` it changes nothing."""
+    if not args.smoke:
+        return
+    args.env, args.schedules, args.seeds = args.env[:1], ["grpo"], [0]
+    args.scratch, args.tracking_uri = args.out / "scratch", f"sqlite:///{(args.out / 'mlflow.db').resolve()}"
+    args.extra = [*args.extra, "--model.policy.init_args.model", "tiny-random", "--data.max_generated_tokens", "64",
+                  "--data.eval_every_tokens", "64", "--data.eval_episodes", "2"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--env", nargs="+", default=["guess"], type=env_name,
@@ -511,7 +524,11 @@ def main(argv: list[str] | None = None) -> int:
                    "(a report covers every finished seed of the setting, not only --seeds)")
     p.add_argument("extra", nargs="*", help="more `agentrl fit` arguments after --, e.g. "
                    "-- --model.policy.init_args.model tiny-random")
+    p.add_argument("--smoke", action="store_true",
+                   help="one GRPO cell of the first --env on the tiny random model to a 64-token budget, everything "
+                        "under --out (give one): checks the script runs")
     args = p.parse_args(argv)
+    smoke_args(args)
     sweeping = args.lrs is not None
     grids: dict[str, list[float | None]] = {s: list(sweep_lrs(s, args.lrs)) if sweeping else [None]
                                             for s in args.schedules}
@@ -539,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if args.max_cells is not None and ran >= args.max_cells:
                 break
-            ensure_warmup(env, args.out)
+            ensure_warmup(env, args.out, smoke=args.smoke)
             ran += 1
             failed += run_cell(env, schedule, seed, args, lr=lr, sweep=sweeping) is None
     from learning_report import report  # the figures and the table (benchmarks/learning_report.py)

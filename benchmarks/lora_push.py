@@ -10,6 +10,7 @@ also pays one-off costs (``/v1/models`` lookup, first imports on both sides).
 Usage::
 
     python benchmarks/lora_push.py [--pushes 5] [--out benchmarks/results]
+    python benchmarks/lora_push.py --smoke --out /tmp/lp    # tiny random model, seconds: does it run
 """
 
 from __future__ import annotations
@@ -94,12 +95,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pushes", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--model", default=MODEL)
+    parser.add_argument("--smoke", action="store_true", help="tiny random model, 2 pushes: checks the script runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.model, args.pushes = "tiny-random", 2
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        proc, url = start_serve(MODEL, root, LORA, timeout=300)
+        proc, url = start_serve(args.model, root, LORA, timeout=300)
         try:
-            policy = Policy(MODEL, lora=LORA)
+            policy = Policy(args.model, lora=LORA)
             rows = asyncio.run(pushes(policy, url, root, args.pushes))
         finally:
             proc.terminate()
@@ -108,7 +113,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
         "cpu": cpu_identity(),
-        "model": MODEL, "lora": {"r": LORA.r, "alpha": LORA.alpha, "target_modules": LORA.target_modules},
+        "model": args.model, "lora": {"r": LORA.r, "alpha": LORA.alpha, "target_modules": LORA.target_modules},
         "adapter_parameters": adapter_params, "pushes": rows,
         "median_push_seconds": statistics.median(r["push_seconds"] for r in rows),
         "max_push_seconds": max(r["push_seconds"] for r in rows),

@@ -17,6 +17,7 @@ Usage::
     python benchmarks/main_job.py --old-src /path/to/old/checkout/src --out benchmarks/results/main_job_old_vs_new.json
     python benchmarks/main_job.py --old-args --model.engine.init_args.weights shared --new-args ...  # one tree
     python benchmarks/main_job.py --sides new --threads 2 --out benchmarks/results/main_job_default_2threads.json
+    python benchmarks/main_job.py --smoke --out /tmp/mj/main_job.json    # tiny random model: does it run
 """
 
 from __future__ import annotations
@@ -162,7 +163,15 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/agentrl-main-job"))
     parser.add_argument("--note", default="", help="the conditions in words, kept in the JSON")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/main_job_old_vs_new.json"))
+    parser.add_argument("--smoke", action="store_true",
+                        help="both sides on configs/smoke/rtpo.yaml, 1 step each, in a folder beside --out: checks "
+                             "the script runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.config = Path(__file__).resolve().parent.parent / "configs" / "smoke" / "rtpo.yaml"
+        args.old_args, args.new_args = ["--data.steps", "1"], ["--data.steps", "1"]
+        args.workdir = args.out.parent / "main_job_smoke"
+    args.workdir = args.workdir.resolve()  # each side runs in its folder: a relative one would be taken from there
     configs = {"old": (args.old_config or args.config).resolve(), "new": args.config.resolve()}
     sides = {"old": (args.old_src.resolve() if args.old_src else None, args.old_args),
              "new": (args.new_src.resolve() if args.new_src else None, args.new_args)}

@@ -13,6 +13,7 @@ Usage::
     python benchmarks/memory.py [-- EXTRA_FIT_ARGS...]      # one run of this checkout, breakdown printed
     python benchmarks/memory.py --compare [--before REV]     # this checkout and REV's code (default: main), one
                                                              # after the other -> benchmarks/results/memory.json
+    python benchmarks/memory.py --smoke --out /tmp/mem       # one step of configs/smoke/rtpo.yaml: does it run
 
 The "before" run uses the ``src/`` of git revision REV (extracted with ``git archive``) with the same config file.
 """
@@ -187,7 +188,14 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write this run's breakdown here")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("extra", nargs="*", help="extra agentrl fit arguments (after --)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one step of configs/smoke/rtpo.yaml (tiny random model) in the current folder, its "
+                             "breakdown to --json (default: --out/memory_smoke.json): checks the script runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.config = str(Path(__file__).resolve().parent.parent / "configs" / "smoke" / "rtpo.yaml")
+        args.json = args.json or args.out / "memory_smoke.json"
+        args.json.parent.mkdir(parents=True, exist_ok=True)
     if args.compare:
         compare(args.out, args.before, args.extra)
         return

@@ -12,6 +12,10 @@ All figures come from one run, side by side. Usage::
     python benchmarks/rollout_throughput.py [--episodes 16 --turns 4 --max-tokens 48] [--dtypes float32 bfloat16]
         [--concurrency 1 8 32] [--out benchmarks/results]
     python benchmarks/rollout_throughput.py --old-vs-default [--rounds 4 --naive-episodes 4]
+    python benchmarks/rollout_throughput.py --smoke --out /tmp/rt   # tiny random model, seconds: does it run
+
+``--smoke`` runs every part on the tiny random model at a few tokens (the figures mean nothing; it checks that
+the script runs to its JSON).
 
 ``--old-vs-default`` (issue 31): the engine's old default (the trainer's fp32 modules) against its new default (its
 own weight copy in ``decode_dtype: auto``), alternating on one policy under the same load, each against the naive
@@ -188,7 +192,7 @@ def old_vs_default(args: argparse.Namespace) -> dict[str, Any]:
     """The old default engine (the trainer's fp32 modules, ``weights: shared``) against the new one (its own weight
     copy in ``decode_dtype: auto``, bf16 with native bf16) on one fp32 policy, alternating round by round under the
     same load; each against the naive loop in its own dtype (the naive bf16 loop runs on the engine's bf16 copy)."""
-    policy = Policy("smollm2-135m-instruct", dtype="float32", compute_dtype="float32")
+    policy = Policy(args.model, dtype="float32", compute_dtype="float32")
     policy.model.eval()
     engines = {"old": HFEngine(policy, max_batch_size=32, prefix_cache_tokens=65536, weights="shared"),
                "new": HFEngine(policy, max_batch_size=32, prefix_cache_tokens=65536, weights="copy")}
@@ -248,10 +252,23 @@ def _against_roofline(path: Path, out: dict[str, Any], new_dtype: str) -> dict[s
     return result
 
 
+def smoke_args(args: argparse.Namespace) -> None:
+    """``--smoke``: every part on the tiny random model at a few tokens; without it nothing changes."""
+    if args.smoke:
+        args.model, args.episodes, args.turns, args.max_tokens, args.dtypes = "tiny-random", 2, 2, 4, ["float32"]
+        args.concurrency, args.collector_episodes, args.no_profile = [1], 2, True
+        args.rounds, args.naive_episodes = 1, 1
+
+
+def workload(args: argparse.Namespace) -> dict[str, Any]:
+    """The arguments as JSON values (every path as a string), for the result file."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+
+
 def main_old_vs_default(args: argparse.Namespace) -> None:
     machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     results: dict[str, Any] = {"machine": machine, "cpu": cpu_identity(), "load_average_start": os.getloadavg(),
-                               "workload": vars(args) | {"out": str(args.out), "roofline": str(args.roofline)}}
+                               "workload": workload(args)}
     start = time.perf_counter()
     comparison = old_vs_default(args)
     results.update(comparison)
@@ -289,7 +306,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (1 on a loaded machine: with 2, a batch-1 loop waits on OpenMP barriers "
                              "for a descheduled thread, measured 1.2 tok/s naive against 16 on an idle machine)")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--smoke", action="store_true", help="tiny random model, a few tokens: checks the script runs")
     args = parser.parse_args()
+    smoke_args(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.old_vs_default:
@@ -298,20 +318,19 @@ def main() -> None:
     if args.only_profile:
         path = args.out / "rollout_throughput.json"
         saved = json.loads(path.read_text())
-        saved["profile_top_ops"] = profile_decode(Policy("smollm2-135m-instruct", compute_dtype="float32"))
+        saved["profile_top_ops"] = profile_decode(Policy(args.model, compute_dtype="float32"))
         print(saved["profile_top_ops"])
         path.write_text(json.dumps(saved, indent=2))
         return
 
     machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-    results: dict[str, Any] = {"machine": machine, "cpu": cpu_identity(),
-                               "workload": vars(args) | {"out": str(args.out)}}
+    results: dict[str, Any] = {"machine": machine, "cpu": cpu_identity(), "workload": workload(args)}
     print(f"workload: {args.episodes} episodes x {args.turns} turns, <= {args.max_tokens} new tokens per turn")
     for i, dtype in enumerate(args.dtypes):
         torch.manual_seed(0)
         # equal dtype on both sides: the weights' dtype is also the compute dtype (no `auto` bf16 autocast in
         # the engine while the naive `model.generate` loop runs in the weights' dtype)
-        policy = Policy("smollm2-135m-instruct", dtype=dtype, compute_dtype=dtype)
+        policy = Policy(args.model, dtype=dtype, compute_dtype=dtype)
         policy.model.eval()
         section = compare(policy, args, with_no_reuse=i == 0)
         results[dtype] = section
@@ -320,7 +339,7 @@ def main() -> None:
             if "engine_no_prefix_reuse" in section:
                 results["engine_no_prefix_reuse"] = section["engine_no_prefix_reuse"]
     if args.concurrency or not args.no_profile:
-        policy = Policy("smollm2-135m-instruct", dtype=args.dtypes[0], compute_dtype=args.dtypes[0])
+        policy = Policy(args.model, dtype=args.dtypes[0], compute_dtype=args.dtypes[0])
     sweep = []
     for c in args.concurrency:
         r = run_collector(policy, c, args.collector_episodes, args.max_tokens)

@@ -17,6 +17,7 @@ Every figure is the best of several repeats (a repeat is one or more calls, time
 hardware does; the load average at the start and the end is recorded with the results.
 
     nice -n 5 python benchmarks/roofline.py            # writes benchmarks/results/roofline.json
+    python benchmarks/roofline.py --smoke --out /tmp/roofline.json   # seconds: does it run
 """
 
 from __future__ import annotations
@@ -167,7 +168,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--min-seconds", type=float, default=0.01, help="shortest timed repeat")
     p.add_argument("--note", default="", help="the conditions in words (e.g. other jobs running), kept in the JSON")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/roofline.json"))
+    p.add_argument("--smoke", action="store_true", help="one thread, 1 MiB, one repeat: checks the script runs")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.threads, args.mib, args.repeats, args.min_seconds, args.cold_mib = [1], [1], 1, 0.0, 0
     load_start, start = os.getloadavg(), time.perf_counter()
     result: dict[str, Any] = {"bandwidth": [], "matmul": []}
     for threads in args.threads:

@@ -13,6 +13,7 @@ siblings of a depth at once and saves on every pair.
 Usage::
 
     python benchmarks/shared_prefix.py [--rounds 3] [--out benchmarks/results/shared_prefix.json]
+    python benchmarks/shared_prefix.py --smoke --out /tmp/shared_prefix.json   # tiny random model: does it run
 """
 
 from __future__ import annotations
@@ -102,9 +103,14 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="timed repeats of a measurement (after one warm-up)")
     p.add_argument("--note", default="", help="the conditions in words, kept in the JSON")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/shared_prefix.json"))
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--smoke", action="store_true", help="tiny random model, 2 trunks, one round: checks it runs")
     args = p.parse_args()
-    policy = Policy("smollm2-135m-instruct")
-    depths = depth_batches(args.trunks, 2, args.contexts, args.response, vocab=49152)
+    if args.smoke:
+        args.model, args.contexts, args.response = "tiny-random", [8], 2
+        args.trunks, args.rounds, args.repeats = 2, 1, 1
+    policy = Policy(args.model)
+    depths = depth_batches(args.trunks, 2, args.contexts, args.response, vocab=policy.model.config.vocab_size)
     runs: list[dict[str, Any]] = []
     for r in range(args.rounds):
         for shared in (False, True):

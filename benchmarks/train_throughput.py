@@ -10,6 +10,7 @@ MFU = model FLOPs (6 per non-embedding parameter per token, plus the LM head on 
 Usage::
 
     python benchmarks/train_throughput.py [--episodes 8 --turns 4 --prompt 96 --response 32] [--out benchmarks/results]
+    python benchmarks/train_throughput.py --smoke --out /tmp/tt   # tiny random model, seconds: does it run
 """
 
 from __future__ import annotations
@@ -110,13 +111,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--smoke", action="store_true", help="tiny random model, 2 short episodes: checks it runs")
     args = parser.parse_args()
+    peak_size: dict[str, int] = {}
+    if args.smoke:
+        args.model, args.episodes, args.turns, args.prompt, args.response, args.repeats = "tiny-random", 2, 2, 8, 4, 1
+        peak_size = {"n": 256, "reps": 1}
 
-    peak32 = measure_peak_flops(torch.device("cpu"), torch.float32)
-    peak16 = measure_peak_flops(torch.device("cpu"), torch.bfloat16)
+    peak32 = measure_peak_flops(torch.device("cpu"), torch.float32, **peak_size)
+    peak16 = measure_peak_flops(torch.device("cpu"), torch.bfloat16, **peak_size)
     print(f"peak matmul (2048^3, {torch.get_num_threads()} threads): fp32 {peak32 / 1e9:.0f} GFLOP/s, "
           f"bf16 {peak16 / 1e9:.0f} GFLOP/s")
-    trajs = synthetic(args.episodes, args.turns, args.prompt, args.response, vocab=49152)
+    vocab = 49152 if args.model == "smollm2-135m-instruct" else Policy(args.model).model.config.vocab_size
+    trajs = synthetic(args.episodes, args.turns, args.prompt, args.response, vocab=vocab)
     runs = []
     configs = [
         ("fp32, packed turns", "float32", True, None),
@@ -126,7 +134,7 @@ def main() -> None:
     ]
     for name, compute, pack, lora in configs:
         torch.manual_seed(0)
-        policy = Policy("smollm2-135m-instruct", compute_dtype=compute, lora=lora)  # type: ignore[arg-type]
+        policy = Policy(args.model, compute_dtype=compute, lora=lora)  # type: ignore[arg-type]
         r = measure(name, policy, trajs, pack=pack, repeats=args.repeats, micro_batch_tokens=args.micro_batch_tokens)
         peak = peak16 if compute == "bfloat16" else peak32
         r["mfu"] = r["achieved_flops"] / peak

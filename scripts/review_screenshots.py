@@ -1,12 +1,19 @@
 """Screenshots of docs/review.md: a smoke run reviewed in the real MLflow UI (a docs tool, not part of CI).
 
-    python scripts/review_screenshots.py            # writes docs/images/review-*.png
+    python scripts/review_screenshots.py                   # writes docs/images/review-*.png
+    python scripts/review_screenshots.py --part training   # only the training-run pictures (below)
 
 What it does: trains the LangChain RTPO smoke config (tiny random model, CPU, ~1 minute) in a temporary folder with
 a trace every step and the final model registered, starts ``mlflow server`` on 127.0.0.1 over that store, and
 drives headless Chromium (Debian's ``chromium``; installed here with ``apt-get install -y chromium`` when missing)
 over the DevTools protocol (the ``websockets`` package) to the run page, the metric charts, a trace's chat view
 and the Models tab. Each page is cropped and saved in few colours (small PNGs).
+
+The training-run pictures (``--part training``) come from a second run, ``configs/smoke/rtpo.yaml`` (GuessNumber,
+whose rewards differ between siblings, so the credit has something to show) for 3 steps with a held-out
+evaluation, opened in a real ``mlflow ui`` through the link agentrl prints (``?workflowType=machine_learning``):
+the experiment's runs list, the run page, its metric charts (the ``Summary`` section first, then filtered to
+``rtpo/depth0/``) and the ``credit.png`` artifact.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from tests.support.mlflow_server import start_mlflow_server  # noqa: E402
 from tests.support.processes import free_port  # noqa: E402
 
 CONFIG = ROOT / "configs/smoke/langchain_rtpo.yaml"
+TRAINING_CONFIG = ROOT / "configs/smoke/rtpo.yaml"
 MODEL = "smoke-policy"
 
 
@@ -44,11 +52,67 @@ def chromium() -> str:
     return found
 
 
-def train(folder: Path, steps: int) -> None:
+def train(folder: Path, steps: int, config: Path = CONFIG, extra: tuple[str, ...] = ()) -> None:
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, "-m", "agentrl.cli", "fit", "--config", str(CONFIG), "--data.steps", str(steps),
-           "--tracking.every_n_steps", "1", "--tracking.register_model", MODEL]
+    cmd = [sys.executable, "-m", "agentrl.cli", "fit", "--config", str(config), "--data.steps", str(steps),
+           "--tracking.every_n_steps", "1", *(extra or ("--tracking.register_model", MODEL))]
     subprocess.run(cmd, cwd=folder, env=env, check=True)
+
+
+def mlflow_ui(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``mlflow ui`` over ``folder/mlflow.db`` on a free port of 127.0.0.1, once ``/health`` answers."""
+    import httpx
+
+    port = free_port()
+    log = (folder / "mlflow-ui.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri",
+                             f"sqlite:///{folder / 'mlflow.db'}", "--host", "127.0.0.1", "--port", str(port)],
+                            cwd=folder, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.terminate()
+    raise SystemExit(f"mlflow ui did not answer at {url} (see {folder / 'mlflow-ui.log'})")
+
+
+def training_shots(binary: str, folder: Path, out: Path) -> None:
+    """The training run's pictures (see the module docstring), through the run link agentrl prints."""
+    from mlflow import MlflowClient
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "mlflow.db").exists():
+        train(folder, 3, TRAINING_CONFIG, ("--data.eval_episodes", "4"))
+    proc, url = mlflow_ui(folder)
+    try:
+        from agentrl.tracking.store import run_page_url
+
+        client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+        (exp,) = [e for e in client.search_experiments() if e.name == "agentrl-smoke"]
+        (run,) = client.search_runs([exp.experiment_id])
+        page = run_page_url(exp.experiment_id, run.info.run_id, url)
+        browser = Browser(binary, (1600, 1000))
+        try:
+            crop = (0, 0, 1236, 1000)
+            browser.open(page, wait=15)  # the link: the Model training layout
+            browser.shoot(out / "review-run.png", crop)
+            browser.open(page.replace("?", "/model-metrics?"), wait=25)  # the charts load slowly on a busy CPU
+            browser.shoot(out / "review-metrics.png", crop)
+            browser.type_into("input[placeholder='Search metric charts']", "rtpo/depth0/", wait=6)
+            browser.shoot(out / "review-metrics-depth.png", crop)
+            browser.open(f"{url}/#/experiments/{exp.experiment_id}?workflowType=machine_learning", wait=10)
+            browser.shoot(out / "review-runs.png", (0, 0, 1236, 420))
+            browser.open(page.replace("?", "/artifacts/credit.png?"), wait=8)
+            browser.shoot(out / "review-credit.png", crop)
+        finally:
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 class Browser:
@@ -128,10 +192,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs/images")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the run here (default: a temporary folder); an existing run there is reused")
+    parser.add_argument("--part", choices=["all", "training"], default="all",
+                        help="training: only the training run's pictures")
     args = parser.parse_args()
     chromium_binary = chromium()
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
+        training_shots(chromium_binary, (args.workdir or Path(tmp)).resolve() / "training", args.out)
+        if args.part == "training":
+            return
         folder = (args.workdir or Path(tmp)).resolve()
         folder.mkdir(parents=True, exist_ok=True)
         if not (folder / "mlflow.db").exists():
@@ -148,12 +217,6 @@ def main() -> None:
             question = trace.data.spans[0].inputs["messages"][-1]["content"]
             browser = Browser(chromium_binary, (1600, 1000))
             try:
-                crop = (0, 0, 1236, 1000)  # the left menu and the page, without the assistant panel
-                browser.open(f"{base}/#/experiments/{eid}/runs/{rid}", wait=15)  # the first load is the slowest
-                browser.shoot(args.out / "review-run.png", crop)
-                browser.open(f"{base}/#/experiments/{eid}/runs/{rid}/model-metrics", wait=6)
-                browser.type_into("input[placeholder='Search metric charts']", "rtpo/depth0/", wait=6)
-                browser.shoot(args.out / "review-metrics.png", crop)
                 browser.open(f"{base}/#/experiments/{eid}/traces", wait=6)
                 browser.click_text("Got it", wait=1)
                 browser.click_text(question, wait=5)

@@ -158,6 +158,9 @@ def test_completion_responses_are_vllm_responses(served: Server, body: dict[str,
 def test_chat_responses_are_vllm_responses(served: Server, body: dict[str, Any]) -> None:
     v.ChatCompletionRequest.model_validate_json(json.dumps(body))  # a valid vLLM request, served as vLLM would
     r = _post(served, "/v1/chat/completions", body)
+    if "tool_choice" in body and r.status_code == 400:  # the random model did not finish the forced call
+        assert _validate(v.ErrorResponse, r).error.param == "tool_choice"
+        return
     assert r.status_code == 200, r.text
     resp = _validate(v.ChatCompletionResponse, r)
     choice = resp.choices[0]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -178,8 +179,9 @@ def test_server_without_lora_refuses_adapters(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_openai_client_chat_with_tool_calls_on_smollm2(tmp_path: Path) -> None:
     """SmolLM2-135M-Instruct at temperature 0: with one worked example it writes a Hermes tool call itself
-    (``tool_choice="auto"``); a named ``tool_choice`` forces one (prefix forcing)."""
-    from openai import OpenAI
+    (``tool_choice="auto"``); a named ``tool_choice`` forces one (prefix forcing), or is refused when the model does
+    not write a JSON object as the arguments."""
+    from openai import BadRequestError, OpenAI
 
     server = start_server(tmp_path, model="smollm2-135m-instruct", timeout=300)
     try:
@@ -199,12 +201,17 @@ def test_openai_client_chat_with_tool_calls_on_smollm2(tmp_path: Path) -> None:
         (call,) = choice.message.tool_calls or []
         assert call.function.name == "get_weather" and "Paris" in call.function.arguments
 
+        named = {"type": "function", "function": {"name": "get_weather"}}
         forced = client.chat.completions.create(
-            model="smollm2-135m-instruct", messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
-            tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}}, temperature=0,
-            max_tokens=40)
+            model="smollm2-135m-instruct", messages=[*messages[:2], {"role": "user", "content": "And in Oslo?"}],
+            tools=tools, tool_choice=named, temperature=0, max_tokens=40)
         (call,) = forced.choices[0].message.tool_calls or []
-        assert call.function.name == "get_weather" and "city" in call.function.arguments
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Oslo"}
+        # without the worked example it writes the tool's schema where the arguments go: refused, not returned
+        with pytest.raises(BadRequestError, match="tool_choice: the model's arguments for get_weather"):
+            client.chat.completions.create(
+                model="smollm2-135m-instruct", messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
+                tools=tools, tool_choice=named, temperature=0, max_tokens=40)
     finally:
         server.stop()
 

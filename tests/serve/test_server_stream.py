@@ -1,8 +1,11 @@
-"""``agentrl serve`` with ``stream: true`` and with a tool call it produced itself sent back: the official ``openai``
-client and LangChain's ``ChatOpenAI(streaming=True)`` against a real server on 127.0.0.1 (the tiny random model).
+"""``agentrl serve`` with ``stream: true`` and with a tool call whose arguments are not JSON sent back: the official
+``openai`` client and LangChain's ``ChatOpenAI(streaming=True)`` against a real server on 127.0.0.1 (the tiny random
+model).
 
-Before `agentrl.serve.server_stream`, ``stream: true`` answered 400; a named tool call whose arguments the model
-did not finish as JSON, sent back in the next request, answered 400 ("tool call arguments are not JSON")."""
+Before `agentrl.serve.server_stream`, ``stream: true`` answered 400; a tool call whose arguments were not JSON,
+sent back in the next request, answered 400 ("tool call arguments are not JSON"). Such a call came from this server
+itself (a named ``tool_choice`` the model did not finish; now refused, `agentrl.serve.serving.check_forced_call`)
+and may come from any other server or client."""
 
 from __future__ import annotations
 
@@ -63,19 +66,17 @@ def test_langchain_chat_openai_streaming(served: Server) -> None:
     assert len(pieces) > 1 and isinstance(model.invoke("Where is Orlan?").content, str)
 
 
-def test_a_tool_call_the_server_made_is_accepted_back_when_its_arguments_are_not_json(served: Server) -> None:
+def test_a_tool_call_is_accepted_back_when_its_arguments_are_not_json(served: Server) -> None:
     client = _client(served)
-    first = client.chat.completions.create(
-        model="tiny-random", messages=MESSAGES, tools=TOOLS, max_tokens=4, seed=1,
-        tool_choice={"type": "function", "function": {"name": "search"}})
-    (call,) = first.choices[0].message.tool_calls or []
+    arguments = '{"q": "Orl'  # cut off, as a model that ran out of tokens leaves it
     try:
-        json.loads(call.function.arguments)
-        raise AssertionError(f"the random model wrote JSON this time: {call.function.arguments!r}")
+        json.loads(arguments)
+        raise AssertionError("the arguments must not be JSON for this check")
     except json.JSONDecodeError:
         pass
-    history = [*MESSAGES, first.choices[0].message.model_dump(exclude_none=True),
-               {"role": "tool", "tool_call_id": call.id, "content": "Orlan is in Vell."}]
+    call = {"id": "call_0", "type": "function", "function": {"name": "search", "arguments": arguments}}
+    history = [*MESSAGES, {"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_0", "content": "Orlan is in Vell."}]
     second = client.chat.completions.create(model="tiny-random", messages=history, tools=TOOLS, max_tokens=4,
                                             seed=2)  # before: 400 "tool call arguments are not JSON"
     assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")

@@ -195,7 +195,7 @@ async def _chat(served: ServedModel, req: ChatCompletionRequest, parser: HermesT
         gens = await generate(served, engine, prompt, spec)
     choices = []
     for j, g in enumerate(gens):
-        message, finish = chat_message(g, choice, prefix, parser)
+        message, finish = chat_message(g, choice, prefix, parser, {t["function"]["name"] for t in tools or []})
         logprobs = chat_logprobs(served.tokenizer, g, req.top_logprobs or 0,
                                  bool(req.return_tokens_as_token_ids)) if req.logprobs else None
         choices.append(ChatCompletionResponseChoice(

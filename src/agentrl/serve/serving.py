@@ -21,8 +21,11 @@ Tool calls (chat): ``tool_choice`` ``auto`` parses Hermes ``<tool_call>{json}</t
 choice or ``required`` is implemented by *prefix forcing*, not by vLLM's grammar-guided decoding: the prompt is
 extended with ``<tool_call>\\n{"name": "<name>", "arguments": `` (named) or ``<tool_call>\\n{"name": "``
 (required) and the model writes the rest; generation stops when the arguments object closes (named) or at
-``</tool_call>``. The arguments are valid JSON only if the model writes valid JSON. The forced tokens belong to
-the prompt (``prompt_token_ids``), not to ``token_ids``.
+``</tool_call>``. The name is forced; the arguments are the model's. A forced call the model did not complete —
+arguments that are not a JSON object (a small model copies the format line's ``{<arguments>}``), or, with
+``required``, no parsable call of a tool in ``tools`` — is answered 400 naming ``tool_choice`` (`check_forced_call`)
+rather than returned as a call or as raw ``<tool_call>`` text. The forced tokens belong to the prompt
+(``prompt_token_ids``), not to ``token_ids``.
 """
 
 from __future__ import annotations
@@ -337,17 +340,45 @@ def forced_stop(tokenizer: Any, choice: ToolChoice | None) -> Callable[[list[int
     return None
 
 
-def chat_message(gen: Generation, choice: ToolChoice | None, prefix: str,
-                 parser: HermesToolParser) -> tuple[ChatMessage, str]:
-    """The assistant message and finish reason of one choice, with tool calls in the OpenAI shape."""
+FORCED_HINT = ("agentrl serve forces the call's name and the model writes the rest (no grammar-guided decoding); "
+               "retry with another seed or temperature, give an example call in the messages, or use tool_choice "
+               "'auto'")
+
+
+def check_forced_call(choice: ToolChoice | None, text: str, calls: list[Any], names: set[str]) -> None:
+    """Refuse (400, ``tool_choice``) a forced call the model did not complete: named, ``text`` (the arguments)
+    must be a JSON object; ``required``, ``calls`` (parsed) must be at least one, each of a tool in ``names``."""
+    if isinstance(choice, ChatCompletionNamedToolChoiceParam):
+        try:
+            args = json.loads(text)
+        except json.JSONDecodeError:
+            args = None
+        if not isinstance(args, dict):
+            raise ServeError(f"tool_choice: the model's arguments for {choice.function.name} are not a JSON object "
+                             f"({text[:60]!r}); {FORCED_HINT}", param="tool_choice")
+    elif choice == "required":
+        unknown = sorted({c.name for c in calls} - names)
+        if not calls or unknown:
+            found = f"a call of {', '.join(unknown)}, not one of the tools" if unknown else "no valid tool call"
+            raise ServeError(f"tool_choice 'required': the model wrote {found} ({sorted(names)}); {FORCED_HINT}",
+                             param="tool_choice")
+
+
+def chat_message(gen: Generation, choice: ToolChoice | None, prefix: str, parser: HermesToolParser,
+                 names: set[str]) -> tuple[ChatMessage, str]:
+    """The assistant message and finish reason of one choice, with tool calls in the OpenAI shape; a forced call
+    the model did not complete is refused (`check_forced_call`; ``names``: the tools offered)."""
     finish = finish_reason(gen)
     if isinstance(choice, ChatCompletionNamedToolChoiceParam):
         end = json_object_end(gen.text)
         args = gen.text[:end].strip() if end is not None else gen.text.strip()
+        check_forced_call(choice, args, [], names)
         call = ToolCall(function=FunctionCall(name=choice.function.name, arguments=args))
         return ChatMessage(role="assistant", content="", tool_calls=[call]), finish
     if choice in ("auto", "required"):
         parsed = parser.parse(prefix + gen.text)
+        if choice == "required":
+            check_forced_call(choice, "", parsed.tool_calls, names)
         if parsed.tool_calls:
             calls = [ToolCall(id=random_id("chatcmpl-tool"),
                               function=FunctionCall(name=c.name, arguments=json.dumps(c.arguments)))

@@ -12,7 +12,8 @@ an MLflow logger it records:
   tools offered, the token usage and what the update did with the turn, its ``agentrl.credit.*`` attributes from
   the step's `agentrl.credit.StepRecord`; a TOOL span per call; the episode's reward and success as feedback
   assessments; RTPO trees linked by ``agentrl.rtpo.*`` tags) and as rows of the ``trajectories.json`` table;
-  these traces are tagged ``agentrl.phase = train``;
+  these traces are tagged ``agentrl.phase = train``; their credit also as the ``credit.json`` table and the
+  ``credit.png`` figure on the run's page (`agentrl.tracking.credit_view`);
 * at every held-out evaluation (base, periodic, final, and ``agentrl validate``'s; the module hands it over through
   ``on_heldout_evaluation``), each episode as a trace tagged ``agentrl.phase = eval`` and ``agentrl.eval =
   <label>``, and as rows of ``eval_trajectories.json``;
@@ -46,6 +47,7 @@ from agentrl.credit import TurnCredit
 from agentrl.runview import RunView, run_view
 from agentrl.tracking import figures
 from agentrl.tracking.chat import link_tree, log_episode, reward_source
+from agentrl.tracking.credit_view import credit_rows, log_credit
 from agentrl.tracking.store import MLflowLogger
 from agentrl.types import Trajectory
 
@@ -180,6 +182,7 @@ class TrajectoryLogger(pl.Callback):
         self._run_steps: int | None = None  # data.steps of the run, known at the start
         self._rows: list[dict[str, Any]] = []
         self._eval_rows: list[dict[str, Any]] = []
+        self._credit_rows: list[dict[str, Any]] = []
 
     @staticmethod
     def _mlflow(trainer: pl.Trainer) -> MLFlowLogger | None:
@@ -226,6 +229,8 @@ class TrajectoryLogger(pl.Callback):
             columns = {key: [r[key] for r in self._rows] for key in self._rows[0]}
             safe_call(logger, "logging the trajectory table",
                       lambda c, r: c.log_table(r, data=columns, artifact_file="trajectories.json"))
+        self._credit_rows += credit_rows(view.step_record, trajs, step)
+        safe_call(logger, "logging the credit table", lambda c, r: log_credit(c, r, self._credit_rows, step))
 
     def _log_traces(self, logger: MLFlowLogger, view: RunView, trajs: Sequence[Trajectory], step: int) -> None:
         """``trajs`` as traces with their turns' credit; RTPO siblings name their trunk, trunks list siblings."""

@@ -14,7 +14,11 @@ backoff), and a store that fills mid-run crashes the run at the next metric. `ML
 * ends the run FINISHED when training completes, KILLED when it stopped early (a signal; resumable), FAILED on
   an error (`end_status`);
 * reopens a run by id (``run_id``, which `reopen_run` takes from the checkpoint on ``--ckpt_path``) and marks it
-  RUNNING again, so a resumed run continues the same metric history.
+  RUNNING again, so a resumed run continues the same metric history;
+* logs the headline figures a second time under ``Summary/`` (`SUMMARY`: reward, success, held-out success,
+  policy and value loss): MLflow's run page orders its metric sections by name, capitals first, and opens only the
+  first, so the page leads with them instead of ``eval/`` details;
+* gives the run's page as a link that opens it as a training run (`run_page_url`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,25 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_FALLBACK_URI = "sqlite:///mlflow-fallback.db"
+DEFAULT_UI = "http://127.0.0.1:5000"
+# the run page's first metric section (see the module docstring): its name -> the metric it repeats
+SUMMARY = {"Summary/reward": "rollout/reward", "Summary/success": "rollout/success",
+           "Summary/heldout_success": "eval/success", "Summary/policy_loss": "train/policy_loss",
+           "Summary/value_loss": "train/value_loss"}
+
+
+def with_summary(metrics: Mapping[str, float]) -> dict[str, float]:
+    """``metrics`` and, for each headline metric among them, its ``Summary/`` copy."""
+    out = dict(metrics)
+    out.update({name: metrics[key] for name, key in SUMMARY.items() if key in metrics})
+    return out
+
+
+def run_page_url(experiment_id: str, run_id: str, ui: str = DEFAULT_UI) -> str:
+    """The run's page in ``mlflow ui`` laid out for model training. MLflow 3's UI opens in its GenAI layout unless
+    the URL or the browser says otherwise (its "Model training" switch), and there every run is listed under
+    "Evaluations"; ``workflowType=machine_learning`` opens the "Model training" layout: runs, metric charts."""
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
 
 
 def _sqlite_file(uri: str) -> str | None:
@@ -255,7 +278,11 @@ class MLflowLogger(MLFlowLogger):
         if self.disabled:
             return "MLflow: tracking is off for this run (the store and the fallback failed)"
         return (f"MLflow run {self.run_id} in experiment '{self._experiment_name}' ({self.tracking_uri}); "
-                f"view it with: {self.ui_command()}")
+                f"view it with: {self.ui_command()}, then open {self.run_page_url()}")
+
+    def run_page_url(self, ui: str = DEFAULT_UI) -> str:
+        """This run's page in ``mlflow ui`` (at ``ui``) as a training run (`run_page_url`)."""
+        return run_page_url(self.experiment_id or "0", self.run_id or "", ui)
 
     @rank_zero_only
     def log_hyperparams(self, params: Any) -> None:
@@ -266,7 +293,8 @@ class MLflowLogger(MLFlowLogger):
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        self.call("logging metrics", lambda _c, _r: super(MLflowLogger, self).log_metrics(metrics, step))
+        full = with_summary(metrics)
+        self.call("logging metrics", lambda _c, _r: super(MLflowLogger, self).log_metrics(full, step))
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:

@@ -261,6 +261,8 @@ class RunProgress(ProgressBar):
         self._status = None
 
     def _where(self, trainer: pl.Trainer) -> str | None:
+        from agentrl.tracking.store import run_page_url  # the page that opens the run as a training run
+
         logger = _mlflow(trainer)
         if logger is None:
             return None
@@ -271,7 +273,8 @@ class RunProgress(ProgressBar):
         except Exception as exc:
             return f"MLflow run unavailable ({type(exc).__name__}): see the warnings above"
         return (f"run {name} (id {logger.run_id}) in MLflow experiment {experiment}; open it with:\n"
-                f"  {mlflow_ui_command(client.tracking_uri)}")
+                f"  {mlflow_ui_command(client.tracking_uri)}\n"
+                f"  then {run_page_url(logger.experiment_id, logger.run_id)}")
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         where = self._where(trainer) if trainer.is_global_zero else None

@@ -88,6 +88,7 @@ def tag_evaluation_run(config: Namespace) -> None:
 
 def run_line(trainer: pl.Trainer) -> str | None:
     """``run NAME (id ID) in MLflow experiment E; open it with: mlflow ui ...`` for the trainer's MLflow logger."""
+    from agentrl.tracking.store import run_page_url
     from agentrl.training.command.progress import mlflow_ui_command
 
     logger = next((lg for lg in trainer.loggers if hasattr(lg, "run_id") and hasattr(lg, "experiment_id")), None)
@@ -100,4 +101,4 @@ def run_line(trainer: pl.Trainer) -> str | None:
     except Exception as exc:  # a failed store costs the line, not the evaluation
         return f"MLflow run unavailable ({type(exc).__name__})"
     return (f"evaluation run {name} (id {logger.run_id}) in MLflow experiment {experiment}; open it with:\n"
-            f"  {mlflow_ui_command(client.tracking_uri)}")
+            f"  {mlflow_ui_command(client.tracking_uri)}\n  then {run_page_url(logger.experiment_id, logger.run_id)}")
