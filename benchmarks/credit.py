@@ -364,6 +364,19 @@ def apply_setting(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
 
 
+def _defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """``--smoke``'s tiny run, then the chooser (the seeded random one whenever a critic is asked for or the task is
+    not CreditChain) and the task count that goes with it."""
+    if args.smoke:
+        args.model, args.distractors, args.noise, args.tasks = "tiny-random", [0], [0.0], 1
+        args.group, args.siblings, args.max_tokens = 2, 2, 2
+    if args.chooser is None:
+        args.chooser = "random" if args.critic is not None or args.env != "creditchain" else "llm"
+    if args.tasks is None:
+        args.tasks = 16 if args.chooser == "random" else 6
+    return args
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--env", choices=["creditchain", "guess", "sokoban"], default="creditchain",
@@ -396,14 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     truth_flags(parser)
     parser.add_argument("--smoke", action="store_true",
                         help="tiny random model, D = 0, one task, two episodes: checks the script runs (give --json)")
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.model, args.distractors, args.noise, args.tasks = "tiny-random", [0], [0.0], 1
-        args.group, args.siblings, args.max_tokens = 2, 2, 2
-    if args.chooser is None:
-        args.chooser = "random" if args.critic is not None or args.env != "creditchain" else "llm"
-    if args.tasks is None:
-        args.tasks = 16 if args.chooser == "random" else 6
+    args = _defaults(parser.parse_args(argv))
     if args.chooser == "random":
         return run_truth(args, parser)
     apply_setting(args, parser)

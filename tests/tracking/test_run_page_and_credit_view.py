@@ -20,8 +20,8 @@ from agentrl.tracking import MLflowLogger
 from agentrl.tracking.credit_view import UNTRAINED, credit_rows, why
 from agentrl.tracking.review import TrajectoryLogger
 from agentrl.tracking.store import SUMMARY
-from agentrl.training import RTPO
-from agentrl.training.schedules import GRPO, Schedule
+from agentrl.training import GRPO, RTPO
+from agentrl.training.schedules.base import Schedule
 from agentrl.types import Trajectory, Turn
 from tests.training.helpers import fit, letter_data, make_module
 

@@ -274,7 +274,7 @@ class RunProgress(ProgressBar):
             return f"MLflow run unavailable ({type(exc).__name__}): see the warnings above"
         return (f"run {name} (id {logger.run_id}) in MLflow experiment {experiment}; open it with:\n"
                 f"  {mlflow_ui_command(client.tracking_uri)}\n"
-                f"  then {run_page_url(logger.experiment_id, logger.run_id)}")
+                f"  then {run_page_url(str(logger.experiment_id), str(logger.run_id))}")
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         where = self._where(trainer) if trainer.is_global_zero else None
