@@ -4,10 +4,10 @@ An evaluation plays ``data.eval_episodes`` held-out tasks once each with the cur
 (success, reward, ..., and the standard errors ``eval/success_se``, ``eval/reward_se``). The episodes' sampling
 seeds come from ``data.seed`` and the task, not the step, and they are played ``data.eval_concurrency`` at a time
 (1 by default: the tokens then do not depend on timing), so ``agentrl validate`` on the last checkpoint at the
-run's seed replays the run's final evaluation. With ``data.eval_greedy`` it plays them a second time greedily (temperature 0) and logs
-``eval/greedy_*``. Every evaluation also logs ``eval/generated_tokens``: the tokens the run had sampled for
-training when it was taken, so learning curves of schedules that spend tokens at different rates can be drawn
-on one axis (the learning benchmark compares them at equal generation budgets).
+run's seed replays the run's final evaluation. With ``data.eval_greedy`` it plays them a second time greedily
+(temperature 0) and logs ``eval/greedy_*``. Every evaluation also logs ``eval/generated_tokens``: the tokens the
+run had sampled for training when it was taken, so learning curves of schedules that spend tokens at different
+rates can be drawn on one axis (the learning benchmark compares them at equal generation budgets).
 
 When evaluations run (`EvalPlan`): at the start (the base model), every ``data.eval_every`` steps, every
 ``data.eval_every_tokens`` generated tokens, and at the end. ``data.max_generated_tokens`` ends the run (with its
@@ -159,14 +159,20 @@ def continue_finished_run(trainer: pl.Trainer | None, checkpoint: Mapping[str, A
 
     A run is one Lightning epoch of ``data.steps`` batches; its last checkpoint records that epoch as done, so
     Lightning's loop (``max_epochs: 1``) would stop at once: the resume trained nothing and printed ``done: 6 steps
-    in 0:00:00``. The loop gets one more epoch, over what the task stream (restored at its step) has left.
+    in 0:00:00``. The loop gets one more epoch, over what the task stream (restored at its step) has left. With
+    nothing left to train (``data.steps`` at the checkpoint's step) it gets none, but at least the epochs done: a
+    checkpoint of a run continued this way records 2 epochs, which Lightning refuses under ``max_epochs: 1``.
     """
-    if trainer is None or trainer.state.fn != "fit" or rl_step >= getattr(trainer.datamodule, "steps", 0):  # type: ignore[attr-defined]
+    if trainer is None or trainer.state.fn != "fit":
         return
     progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
     epochs_done = int(progress.get("processed", 0))
     loop = trainer.fit_loop
-    if isinstance(loop.max_epochs, int) and 0 <= loop.max_epochs <= epochs_done:
+    if not isinstance(loop.max_epochs, int) or loop.max_epochs < 0:
+        return
+    if rl_step >= getattr(trainer.datamodule, "steps", 0):  # type: ignore[attr-defined]
+        loop.max_epochs = max(loop.max_epochs, epochs_done)
+    elif loop.max_epochs <= epochs_done:
         loop.max_epochs = epochs_done + 1
 
 
