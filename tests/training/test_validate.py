@@ -4,6 +4,7 @@ Lightning trainers, a real MLflow sqlite store in a temporary folder."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from collections import Counter
@@ -16,13 +17,15 @@ import pytest
 import torch
 
 from agentrl.training.system.callbacks import RLCheckpoint
+from tests.support.fit_runs import logged_steps
 from tests.training.helpers import guess_data, make_module
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = str(ROOT / "configs/smoke/rtpo.yaml")
 FIT = ["--config", SMOKE, "--data.steps", "1", "--data.eval_episodes", "2", "--tracking.every_n_steps", "1",
        "--tracking.max_trajectories", "2", "--tracking.log_final_model", "false"]
-LINE = r"^\[agentrl\] {label} evaluation on 2 held-out episodes: success \d\.\d{{3}}, reward -?\d\.\d{{3}}$"
+LINE = (r"^\[agentrl\] {label} evaluation on 2 held-out episodes: success \d\.\d{{3}} ± \d\.\d{{3}}, "
+        r"reward -?\d\.\d{{3}} ± \d\.\d{{3}} \(± standard error; seed 0\)$")
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
 
@@ -104,6 +107,38 @@ def test_validate_plays_the_heldout_tasks_of_a_checkpoint_and_logs_an_evaluation
     assert torch.load(trained / "checkpoints/smoke/last.ckpt", weights_only=True)["agentrl"]["rl_step"] == 1
 
 
+def _eval_transcripts(folder: Path, run_id: str, label: str) -> dict[str, str]:
+    """Task id -> transcript of the episodes of the evaluation ``label`` in a run's ``eval_trajectories.json``."""
+    target = folder / "artifacts" / run_id
+    target.mkdir(parents=True, exist_ok=True)
+    table = json.loads(Path(_client(folder).download_artifacts(run_id, "eval_trajectories.json", str(target)))
+                       .read_text())
+    rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+    return {row["task"]: row["transcript"] for row in rows if row["eval"] == label}
+
+
+@pytest.mark.slow
+def test_validate_at_the_runs_seed_replays_its_final_evaluation_episode_for_episode(
+        trained: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Two ``agentrl validate`` runs on the last checkpoint at the run's seed (``--data.seed 0``) print the same
+    line and play the same episodes, word for word, as the run's final evaluation did."""
+    trained = Path(shutil.copytree(trained, tmp_path / "run"))  # its evaluation runs stay out of the shared store
+    lines, played = [], []
+    for _ in range(2):
+        capfd.readouterr()
+        code, out, err = _agentrl(trained, "validate", ["--config", SMOKE, "--data.eval_episodes", "2",
+                                                        "--ckpt_path", "last", "--data.seed", "0"], capfd)
+        assert code == 0, err[-3000:]
+        line = re.search(LINE.format(label=r"step 1 checkpoint"), out, re.M)
+        run_id = re.search(r"^\[agentrl\] evaluation run \S+ \(id (\w+)\)", out, re.M)
+        assert line and run_id, out
+        lines.append(line.group(0))
+        played.append(_eval_transcripts(trained, run_id.group(1), "step 1 checkpoint"))
+    final = _eval_transcripts(trained, _runs(trained)["rtpo-guessnumber-s0"].info.run_id, "final")
+    assert len(final) == 2 and lines[0] == lines[1]
+    assert played[0] == played[1] == final
+
+
 @pytest.mark.parametrize(("args", "expected"), [
     (["--data.eval_episodes", "0", "--ckpt_path", "last"], "data.eval_episodes must be >= 1 for agentrl validate"),
     (["--data.eval_episodes", "2", "--ckpt_path", "last"], "ckpt_path last: no checkpoint file checkpoints/smoke/"),
@@ -130,6 +165,36 @@ def test_resuming_a_finished_run_with_more_steps_trains_them(trained: Path, tmp_
     assert "resumed at step 1" in out and re.search(r"^step 2/2 ", out, re.M), out
     assert re.search(LINE.format(label="final"), out, re.M) and "done: 2 steps" in out, out
     assert torch.load(tmp_path / "checkpoints/smoke/last.ckpt", weights_only=True)["agentrl"]["rl_step"] == 2
+
+
+@pytest.mark.slow
+def test_a_resume_from_an_older_checkpoint_leaves_one_point_a_step_and_says_when_there_is_nothing_to_train(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A run of 1 step, resumed to 2, then resumed again from its step-1 checkpoint (as after a kill past the
+    last checkpoint): step 2 is logged twice, and MLflow keeps only the second (docs/operations.md). Then
+    ``--data.steps`` at the checkpoint's step says there is nothing to train (exit 0), below it is a config error
+    (exit 2) before any model load. Its own folder: a checkpoint continues its run only in the store it names."""
+    assert _agentrl(tmp_path, "fit", FIT)[0] == 0
+    shutil.copy(tmp_path / "checkpoints/smoke/last.ckpt", tmp_path / "step1.ckpt")
+    to_two = [*FIT[:2], "--data.steps", "2", *FIT[4:]]
+    for ckpt in ("last", "step1.ckpt"):
+        code, out, err = _agentrl(tmp_path, "fit", [*to_two, "--ckpt_path", ckpt], capfd)
+        assert code == 0 and "done: 2 steps" in out, err[-3000:]
+    db, run = tmp_path / "mlflow.db", _runs(tmp_path)["rtpo-guessnumber-s0"]
+    assert len(_client(tmp_path).search_runs([run.info.experiment_id])) == 1  # one run, continued twice
+    steps = lambda key: logged_steps(db, key, run.info.run_id)  # noqa: E731
+    assert steps("rollout/reward") == [0, 1]  # RL step k at k - 1: steps 1 and 2, once each
+    assert steps("eval/success") == [0, 1, 2]  # base, the 1-step run's final, the final at step 2
+    history = _client(tmp_path).get_metric_history(run.info.run_id, "rollout/reward")
+    assert run.data.metrics["rollout/reward"] == history[-1].value and run.data.tags["agentrl.resumed_at_step"] == "1"
+
+    code, out, err = _agentrl(tmp_path, "fit", [*to_two, "--ckpt_path", "last"], capfd)
+    assert code == 0 and "is at step 2 = data.steps: nothing to train" in err, err[-3000:]
+    assert steps("eval/success") == [0, 1, 2]
+    code, out, err = _agentrl(tmp_path, "fit", [*FIT, "--ckpt_path", "last"], capfd)
+    lines = [line for line in err.splitlines() if line.startswith("agentrl fit: config error:")]
+    assert code == 2 and len(lines) == 1, err[-3000:]
+    assert "data.steps 1 is below the checkpoint's step 2" in lines[0] and "--data.steps 3 to train 1 more" in lines[0]
 
 
 def test_a_finished_run_resumed_with_more_steps_continues_as_the_longer_run_would(tmp_path: Path) -> None:

@@ -301,6 +301,14 @@ class TrajectoryLogger(pl.Callback):
         if isinstance(logger, MLflowLogger) and run_id and not logger.disabled:
             checkpoint["mlflow"] = {"run_id": run_id, "tracking_uri": logger.tracking_uri}
 
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        """A resume logs the steps after the checkpoint again: the continued run drops the stopped run's points
+        for them (`MLflowLogger.supersede`)."""
+        logger = self._mlflow(trainer)
+        if isinstance(logger, MLflowLogger) and trainer.state.fn == "fit":
+            logger.supersede(int((checkpoint.get("agentrl") or {}).get("rl_step", 0)))
+
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         logger = self._mlflow(trainer)
         if isinstance(logger, MLflowLogger) and isinstance(exception, KeyboardInterrupt | SIGTERMException):

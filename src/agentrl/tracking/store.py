@@ -164,6 +164,7 @@ class MLflowLogger(MLFlowLogger):
         self.fallback_uri = fallback_uri
         self.timeout_s = timeout_s
         self.end_status: str | None = None  # set by TrajectoryLogger: KILLED on an early stop
+        self.reopened = False  # the run is the checkpoint's, continued
         self._params: dict[str, Any] = {}
 
     @staticmethod
@@ -216,6 +217,7 @@ class MLflowLogger(MLFlowLogger):
                 self._run_id = None
             else:
                 client.update_run(self._run_id, status="RUNNING")
+                self.reopened = True
                 log.info("MLflow: continuing run %s (experiment %s)", self._run_id, run.info.experiment_id)
         MLFlowLogger.experiment.fget(self)  # type: ignore[attr-defined]
 
@@ -303,8 +305,54 @@ class MLflowLogger(MLFlowLogger):
         final = self.end_status or {"success": "FINISHED", "finished": "FINISHED"}.get(status, "FAILED")
         self.call("ending the run", lambda client, run_id: client.set_terminated(run_id, final))
 
+    @rank_zero_only
+    def supersede(self, step: int) -> None:
+        """A resume from the checkpoint of RL step ``step`` logs the later steps again: remove from the continued
+        run the points that the stopped run logged for them, so that a curve has one point a step.
+
+        RL step k logs its metrics at step k − 1 and the evaluation after it at step k: the points removed are the
+        metrics at steps >= ``step`` and the ``eval/*`` points at steps > ``step``. The run is tagged
+        ``agentrl.resumed_at_step``. Only a sqlite store (the default and the fallback) can delete points; with
+        another store the old points stay beside the new ones, and one warning says so."""
+        if not self.reopened or self.disabled:
+            return
+        self.call("tagging the resume", lambda client, run_id: client.set_tag(run_id, "agentrl.resumed_at_step",
+                                                                              str(step)))
+        path = _sqlite_file(self._tracking_uri)
+        if path is None:
+            log.warning("MLflow: resumed at step %d; the store %s cannot delete the points the stopped run logged "
+                        "after it: the curves show both (tag agentrl.resumed_at_step)", step, self.tracking_uri)
+            return
+        try:
+            removed = remove_points_after(path, str(self._run_id), step)
+        except sqlite3.Error as exc:
+            log.warning("MLflow: could not remove the superseded points after step %d (%s)", step, _short(exc))
+            return
+        if removed:
+            log.info("MLflow: resumed at step %d: removed %d points the stopped run logged after it", step, removed)
+
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
         return None  # checkpoints stay files beside the run; the final model is logged by TrajectoryLogger
+
+
+def remove_points_after(path: str, run_id: str, step: int) -> int:
+    """Delete run ``run_id``'s metric points at steps >= ``step`` (``eval/*``: > ``step``) from the sqlite store
+    ``path`` and recompute its latest values (MLflow's ``latest_metrics``: the highest step, then the newest point);
+    the number of points deleted."""
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as con, con:
+        removed = con.execute("DELETE FROM metrics WHERE run_uuid = ? AND ((key LIKE 'eval/%' AND step > ?) OR "
+                              "(key NOT LIKE 'eval/%' AND step >= ?))", (run_id, step, step)).rowcount
+        if removed:
+            latest: dict[str, tuple[Any, ...]] = {}
+            for row in con.execute("SELECT key, value, timestamp, step, is_nan FROM metrics WHERE run_uuid = ?",
+                                   (run_id,)):
+                if row[0] not in latest or (row[3], row[2], row[1]) > (latest[row[0]][3], latest[row[0]][2],
+                                                                       latest[row[0]][1]):
+                    latest[row[0]] = row
+            con.execute("DELETE FROM latest_metrics WHERE run_uuid = ?", (run_id,))
+            con.executemany("INSERT INTO latest_metrics (key, value, timestamp, step, is_nan, run_uuid) "
+                            "VALUES (?, ?, ?, ?, ?, ?)", [(*row, run_id) for row in latest.values()])
+    return int(removed)
 
 
 def _unlogged(params: dict[str, Any], logged: dict[str, str]) -> dict[str, Any]:

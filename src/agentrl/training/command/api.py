@@ -3,12 +3,17 @@
     import agentrl
 
     cli = agentrl.fit("configs/smoke/rtpo.yaml", data={"steps": 2}, model={"optim": {"lr": 1e-4}})
-    cli.model.rl_step, cli.trainer.callback_metrics["rollout/reward"]
+    cli.model.rl_step, float(cli.trainer.callback_metrics["rollout/reward"])
 
 It is a thin layer over the LightningCLI objects of `agentrl.training.command.cli` (no second code path): configs are
 ``--config`` files in order, keyword arguments are command-line overrides (``data={"steps": 2}`` is
 ``--data.steps 2``), and the result is the finished `AgentRLCLI` with its ``trainer``, ``model`` and
 ``datamodule``. A wrong key or value raises `ConfigError` with the one-line message of the command.
+
+``cli.trainer.callback_metrics`` holds, as 0-d tensors under the names MLflow shows, the last step's metrics
+(``rollout/reward``, ``rollout/success``, ``train/*``, ``perf/*``, ...) and the last evaluation's ``eval/*``
+(after the final evaluation: ``eval/success``); ``reward`` and ``step_s`` are the progress bar's copies. Config
+paths are taken from the working directory, as on the command line.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ def fit(*configs: str | os.PathLike[str], args: Sequence[str] = (), **overrides:
             ``trainer={"max_time": "00:00:10:00"}``, ``seed_everything=1``.
 
     Returns:
-        The finished `AgentRLCLI`: ``.trainer``, ``.model`` (the trained `AgentRLModule`), ``.datamodule``.
+        The finished `AgentRLCLI`: ``.trainer`` (its ``callback_metrics`` hold the last step's and the last
+        evaluation's metrics), ``.model`` (the trained `AgentRLModule`), ``.datamodule``.
 
     Raises:
         ConfigError: a wrong key or value, before any work (no model load, no MLflow run).

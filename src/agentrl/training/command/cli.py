@@ -34,6 +34,7 @@ from agentrl.tracking.store import logger_entries
 from agentrl.training.command import validate
 from agentrl.training.command.cli_errors import AgentRLArgumentParser
 from agentrl.training.command.keys import COMMON_KEYS, normalize_argv
+from agentrl.training.command.paths import resolve_input_paths
 from agentrl.training.command.preflight import ConfigError, preflight
 from agentrl.training.command.progress import RunProgress, quiet_libraries, verbose
 from agentrl.training.rollout.datamodule import RolloutDataModule
@@ -108,9 +109,11 @@ class AgentRLCLI(LightningCLI):
         if config.get("trainer.enable_progress_bar") is False:  # Lightning refuses a progress bar callback then
             self.trainer_defaults["callbacks"] = [c for c in self.trainer_defaults.get("callbacks", [])
                                                   if not isinstance(c, RunProgress)]
+        resolve_input_paths(config)  # a task file beside the config is found from any working directory
         preflight(self.parser, self.config, self.subcommand or "fit")
         if self.subcommand in (None, "fit"):
             _warn_missing_resume(config)
+            _check_resume_steps(config)
             _warn_seed_mismatch(config)
             reopen_run(config)  # --ckpt_path continues the checkpoint's MLflow run
         elif self.subcommand == "validate":
@@ -150,6 +153,32 @@ def _warn_missing_resume(config: Namespace) -> None:
     if not path.is_file():
         print(f"agentrl fit: warning: --ckpt_path last: no checkpoint at {path}; this run starts from step 0 "
               "(a new MLflow run)", file=sys.stderr, flush=True)
+
+
+def _check_resume_steps(config: Namespace) -> None:
+    """A resume trains the steps from the checkpoint's up to ``data.steps`` (a total, not a count of more steps).
+    ``data.steps`` equal to the checkpoint's step: one line, nothing to train (exit 0: the run is complete, a job
+    script that always resumes stays green). Below it: a `ConfigError` before any model load (exit 2), since the
+    user most likely meant "N more steps"."""
+    ckpt = config.get("ckpt_path")
+    if not ckpt:
+        return
+    path = Path(config.get("checkpoint.dirpath") or "checkpoints") / "last.ckpt" if ckpt == "last" else Path(ckpt)
+    if not path.is_file():  # absent (a warning above) or a sharded checkpoint folder
+        return
+    import torch
+
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("agentrl") or {}
+    except Exception:  # a damaged file: Lightning's own check names it (`AgentRLCLI._parse_ckpt_path`)
+        return
+    done, steps = int(saved.get("rl_step", 0)), int(config.get("data.steps") or 0)
+    if steps < done:
+        raise ConfigError(f"data.steps {steps} is below the checkpoint's step {done} ({path}): data.steps is the "
+                          f"run's total; pass --data.steps {done + steps} to train {steps} more")
+    if steps == done:
+        print(f"agentrl fit: the checkpoint {path} is at step {done} = data.steps: nothing to train (pass "
+              f"--data.steps N > {done} to train more)", file=sys.stderr, flush=True)
 
 
 def _warn_seed_mismatch(config: Namespace) -> None:

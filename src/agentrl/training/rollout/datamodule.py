@@ -135,6 +135,9 @@ class RolloutDataModule(pl.LightningDataModule):
         eval_every_tokens: Also evaluate each time the run's generated training tokens cross a multiple of this
             (0: off); see `agentrl.training.system.evaluation`.
         eval_greedy: Play the held-out tasks a second time greedily (temperature 0) and log ``eval/greedy_*``.
+        eval_concurrency: Held-out episodes played at once. 1 (the default): an evaluation gives the same episodes
+            at the same ``seed`` (``agentrl validate`` on the last checkpoint = the run's final evaluation); more
+            is faster, but the embedded engine's batched decode makes the tokens depend on timing.
         max_generated_tokens: End the run at the first step whose generated training tokens reach this budget
             (None: run ``steps`` steps). Learning comparisons across schedules use it.
         seed: Run seed mixed into every episode's sampling seed.
@@ -161,6 +164,7 @@ class RolloutDataModule(pl.LightningDataModule):
         eval_every: int = 0,
         eval_every_tokens: int = 0,
         eval_greedy: bool = False,
+        eval_concurrency: int = 1,
         max_generated_tokens: int | None = None,
         seed: int = 0,
         max_staleness: int = 0,
@@ -169,7 +173,7 @@ class RolloutDataModule(pl.LightningDataModule):
         for name, value, low in (("batch_size", batch_size, 1), ("max_staleness", max_staleness, 0),
                                  ("steps", steps, 1), ("concurrency", concurrency, 1),
                                  ("eval_episodes", eval_episodes, 0), ("eval_every", eval_every, 0),
-                                 ("eval_every_tokens", eval_every_tokens, 0),
+                                 ("eval_every_tokens", eval_every_tokens, 0), ("eval_concurrency", eval_concurrency, 1),
                                  ("max_generated_tokens", 1 if max_generated_tokens is None else max_generated_tokens,
                                   1)):
             if value < low:
@@ -199,6 +203,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.eval_every = eval_every
         self.eval_every_tokens = eval_every_tokens
         self.eval_greedy = eval_greedy
+        self.eval_concurrency = eval_concurrency
         self.max_generated_tokens = max_generated_tokens
         self.seed = seed
         self.max_staleness = max_staleness

@@ -229,15 +229,20 @@ class RolloutSession:
         costs, self._costs = dict(self._costs), defaultdict(float)
         return costs
 
-    def play(self, tasks: Sequence[Task], *, temperature: float | None = None) -> list[Trajectory]:
+    def play(self, tasks: Sequence[Task], *, temperature: float | None = None,
+             concurrency: int | None = None) -> list[Trajectory]:
         """One episode of each of ``tasks`` with the served weights, at the training sampling or at
-        ``temperature``; not counted in the training costs."""
+        ``temperature``, at most ``concurrency`` at once (default: the collector's); not counted in the training
+        costs. One at a time, the episodes' tokens do not depend on timing: see `EvalPlan.concurrency`."""
         self._check_weights_served()
         sampling = self.collector.sampling
         if temperature is not None:
             sampling = replace(sampling, temperature=temperature)
+        collector_concurrency = self.collector.concurrency
+        self.collector.concurrency = concurrency or collector_concurrency
         try:
             with self.progress.phase("evaluating"):
                 return self.run(self.collector.collect_groups(tasks, 1, step=-1, sampling=sampling))
         finally:
+            self.collector.concurrency = collector_concurrency
             self.collector.reset_stats()

@@ -26,6 +26,7 @@ import math
 import re
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import lightning.pytorch as pl
@@ -165,6 +166,13 @@ class StepMeter:
         return reduce_across_ranks(metrics)  # every rank's episodes and turns, not rank 0's
 
 
+def expose_metrics(trainer: pl.Trainer, metrics: Mapping[str, float]) -> None:
+    """Put ``metrics`` (a step's ``rollout/*``, ``train/*``, ``perf/*``; an evaluation's ``eval/*``) into
+    ``trainer.callback_metrics`` under their logged names, as tensors, so that callbacks and the Python API
+    (``agentrl.fit(...).trainer.callback_metrics["rollout/reward"]``) read what MLflow shows."""
+    trainer.callback_metrics.update({key: torch.tensor(float(value)) for key, value in metrics.items()})
+
+
 def publish_step(module: pl.LightningModule, metrics: dict[str, float], rl_step: int, batch_size: int) -> None:
     """Log RL step ``rl_step``'s metrics (already reduced over the ranks) and its progress-bar values.
 
@@ -174,6 +182,7 @@ def publish_step(module: pl.LightningModule, metrics: dict[str, float], rl_step:
     for logger in module.trainer.loggers:
         logger.log_metrics(metrics, step=rl_step - 1)
         logger.save()  # as Lightning's logger connector does after logging (the CSV logger writes its file)
+    expose_metrics(module.trainer, metrics)
     reward = metrics.get("rollout/reward", float("nan"))
     module.log("reward", reward, prog_bar=True, on_step=True, batch_size=batch_size, logger=False)
     module.log("step_s", metrics["perf/step_seconds"], prog_bar=True, on_step=True, batch_size=batch_size,
