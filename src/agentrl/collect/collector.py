@@ -15,9 +15,10 @@ more than ``max_failed_fraction`` of a collection fails does it raise `Collectio
 Timeouts: ``episode_timeout`` bounds the episode's own time — its agent code, tools, environment and reward — and
 leaves out the time it waits on the engine (queued behind the other episodes of a batch or generating), so a
 loaded machine or a large collection does not fail episodes that are only slow to be served; a stalled engine is
-bounded by the engine's own timeout (`VLLMEngine`'s ``timeout``). Past it the agent's coroutine is cancelled. It holds for blocking work that runs in a worker
-thread (environment calls of `EnvAgent`, LangChain's sync tools, a sync reward); the episode is abandoned and
-counted failed while the thread, which cannot be killed, finishes in the background. Blocking code inside an
+bounded by the engine's own timeout (`VLLMEngine`'s ``timeout``). Past it the agent's coroutine is cancelled. It
+holds for blocking work that runs in a worker thread (environment calls of `EnvAgent`, LangChain's sync tools, a
+sync reward); the episode is abandoned and counted failed while the thread, which cannot be killed, finishes in the
+background. Blocking code inside an
 ``async`` agent or tool runs on the event loop and stalls every episode until it returns.
 """
 
@@ -160,8 +161,8 @@ class Collector:
         except TimeoutError:
             traj.failed, traj.info["timed_out"] = True, True
             traj.error = (f"timeout: the episode's own work (agent, tools, environment; time waiting on the engine "
-                          f"not counted) passed episode_timeout={self.episode_timeout:g} s and it was abandoned (blocking code still running in a worker thread finishes in the "
-                          "background)")
+                          f"not counted) passed episode_timeout={self.episode_timeout:g} s and it was abandoned "
+                          "(blocking code still running in a worker thread finishes in the background)")
         except Exception as exc:  # any agent/tool/env error fails only this episode
             traj.failed = True
             traj.error = f"{type(exc).__name__}: {exc}{where_raised(exc)}"

@@ -29,9 +29,9 @@ import shutil
 import statistics
 import sys
 import threading
-from collections import deque
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -42,8 +42,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import MLFlowLogger
 
 from agentrl.runview import StepPhase, run_view
-from agentrl.training.system.health import DeadRun, step_health
 from agentrl.tracking.review import TrajectoryLogger
+from agentrl.training.system.health import DeadRun, step_health
 
 VERBOSE_ENV = "AGENTRL_VERBOSE"
 _NOISY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "mlflow", "alembic",

@@ -70,12 +70,18 @@ def step_health(trajs: Sequence[Trajectory], metrics: Mapping[str, float]) -> li
     ok = [t for t in trajs if not t.failed]
     found = [_parse_failures(trajs, ok), _no_tools(ok), _no_spread(ok)]
     if metrics.get("train/optimizer_steps", 1.0) == 0:
-        skipped = metrics.get("train/skipped_updates", 0.0)
-        cause = (f"{skipped:.0f} update(s) skipped for non-finite values (see the warnings above)" if skipped
-                 else "no turn carried a non-zero advantage")
         found.append(Finding("no_optimizer_step", (
-            f"no optimizer step this step: {cause}; the policy did not change")))
+            f"no optimizer step this step: {_why_no_step(metrics, found[2] is not None)}; the policy did not change")))
     return [f for f in found if f is not None]
+
+
+def _why_no_step(metrics: Mapping[str, float], no_spread: bool) -> str:
+    if no_spread or metrics.get("train/informative_samples", 1.0) == 0:
+        return "no turn carried a non-zero advantage"
+    skipped = metrics.get("train/skipped_updates", 0.0)
+    if skipped:
+        return f"{skipped:.0f} update(s) skipped (no policy signal, or non-finite values: see any warning above)"
+    return "no turn to train on"
 
 
 def health_metrics(findings: Sequence[Finding]) -> dict[str, float]:
