@@ -110,13 +110,13 @@ class TwoCallAgent:
 
 def test_time_waiting_on_the_engine_does_not_count_toward_the_timeout(tiny_policy: Policy) -> None:
     # a loaded machine: each call queues 0.6 s behind other episodes; the episode's own work is 0.1 s in all
-    col = Collector(QueuedEngine(HFEngine(tiny_policy), 0.6), TwoCallAgent(), tiny_policy.tokenizer,  # type: ignore[arg-type]
+    col = Collector(QueuedEngine(HFEngine(tiny_policy), 0.6), TwoCallAgent(), tiny_policy.tokenizer,
                     sampling=SAMPLING, episode_timeout=0.5, max_failed_fraction=1.0)
     trajs = asyncio.run(col.collect_groups(_tasks(2), 1, step=0))
     assert [t.failed for t in trajs] == [False, False], [t.error for t in trajs]
     assert all(t.num_turns == 2 for t in trajs)
     # its own time still counts: a slow tool behind the same queue times the episode out
-    slow = Collector(QueuedEngine(HFEngine(tiny_policy), 0.6), SlowAgent(), tiny_policy.tokenizer,  # type: ignore[arg-type]
+    slow = Collector(QueuedEngine(HFEngine(tiny_policy), 0.6), SlowAgent(), tiny_policy.tokenizer,
                      sampling=SAMPLING, episode_timeout=0.5, max_failed_fraction=1.0)
     (traj,) = asyncio.run(slow.collect_groups(_tasks(1), 1, step=0))
     assert traj.failed and "timeout" in (traj.error or "")
