@@ -73,6 +73,8 @@ def test_the_walkthrough_trains_as_written(tmp_path: Path) -> None:
     assert proc.returncode == 0, out[-3000:]  # before: No module named 'my_agent', then required: model.algorithm
     assert "step 1/1" in proc.stdout, out[-3000:]
     assert (tmp_path / "checkpoints/last.ckpt").is_file()
+    # the config names no seed_everything and no trainer settings: no Lightning seed warning, no summary table
+    assert "No seed found" not in out and "Total params" not in out, out[-3000:]
 
 
 @pytest.mark.slow
