@@ -47,7 +47,8 @@ class StepPhase:
         since: ``time.monotonic()`` when the phase began.
         depth: RTPO's boundary ``(k, K)`` during its reverse sweep (k counts down from K − 1 to 0), else None.
         episodes: Episodes the phase's collections will play (collecting, evaluating).
-        done: Episodes finished.
+        done: Episodes finished, those that failed included.
+        failed: Finished episodes that failed (an error or a timeout; left out of the loss).
         running: Episodes in flight.
         tokens: Tokens sampled by the finished episodes.
         epoch: ``(i, n)``: PPO epoch i of n (1-based) once the update's first minibatch started.
@@ -59,6 +60,7 @@ class StepPhase:
     depth: tuple[int, int] | None = None
     episodes: int = 0
     done: int = 0
+    failed: int = 0
     running: int = 0
     tokens: int = 0
     epoch: tuple[int, int] | None = None
@@ -122,8 +124,9 @@ class StepProgress:
     def episode_started(self) -> None:
         self._set(lambda p: replace(p, running=p.running + 1))
 
-    def episode_finished(self, tokens: int) -> None:
-        self._set(lambda p: replace(p, running=p.running - 1, done=p.done + 1, tokens=p.tokens + tokens))
+    def episode_finished(self, tokens: int, failed: bool = False) -> None:
+        self._set(lambda p: replace(p, running=p.running - 1, done=p.done + 1, failed=p.failed + int(failed),
+                                    tokens=p.tokens + tokens))
 
     def minibatch(self, epoch: int, epochs: int, i: int, n: int) -> None:
         """Minibatch ``i`` of ``n`` of epoch ``epoch`` of ``epochs`` begins (all 1-based)."""

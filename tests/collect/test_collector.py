@@ -85,6 +85,50 @@ def test_timeout_fails_the_episode(tiny_policy: Policy) -> None:
     assert traj.failed and "timeout" in (traj.error or "")
 
 
+class QueuedEngine:
+    """The embedded engine behind a queue: every call waits ``delay`` s first, as an episode does behind the
+    other episodes of a batch on a loaded machine."""
+
+    def __init__(self, inner: HFEngine, delay: float) -> None:
+        self.inner, self.delay = inner, delay
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None) -> Any:
+        await asyncio.sleep(self.delay)
+        return await self.inner.generate(prompt_ids, sampling, session=session)
+
+
+class TwoCallAgent:
+    async def run(self, task: Task, llm: LLMClient) -> Outcome:
+        for _ in range(2):
+            await llm.chat([{"role": "user", "content": task.id}])
+            await asyncio.sleep(0.05)  # its own work: a tool call
+        return Outcome(1.0, info={"success": True})
+
+
+def test_time_waiting_on_the_engine_does_not_count_toward_the_timeout(tiny_policy: Policy) -> None:
+    # a loaded machine: each call queues 0.6 s behind other episodes; the episode's own work is 0.1 s in all
+    col = Collector(QueuedEngine(HFEngine(tiny_policy), 0.6), TwoCallAgent(), tiny_policy.tokenizer,
+                    sampling=SAMPLING, episode_timeout=0.5, max_failed_fraction=1.0)
+    trajs = asyncio.run(col.collect_groups(_tasks(2), 1, step=0))
+    assert [t.failed for t in trajs] == [False, False], [t.error for t in trajs]
+    assert all(t.num_turns == 2 for t in trajs)
+    # its own time still counts: a slow tool behind the same queue times the episode out
+    slow = Collector(QueuedEngine(HFEngine(tiny_policy), 0.6), SlowAgent(), tiny_policy.tokenizer,
+                     sampling=SAMPLING, episode_timeout=0.5, max_failed_fraction=1.0)
+    (traj,) = asyncio.run(slow.collect_groups(_tasks(1), 1, step=0))
+    assert traj.failed and "timeout" in (traj.error or "")
+
+
+def test_the_progress_channel_counts_failed_episodes_as_failed(tiny_policy: Policy) -> None:
+    col = _collector(tiny_policy, FlakyToolAgent({"t1", "t2"}), max_failed_fraction=1.0)
+    asyncio.run(col.collect_groups(_tasks(4), 1, step=0))
+    phase = col.progress.snapshot()
+    assert (phase.done, phase.failed, phase.running) == (4, 2, 0)
+
+
 @pytest.mark.parametrize("use_snapshots", [False, True])
 def test_siblings_replay_the_trunk_exactly(tiny_policy: Policy, use_snapshots: bool) -> None:
     agent = EnvAgent(FrozenLakeEnv(size=3, holes=0, max_turns=4), use_snapshots=use_snapshots)

@@ -22,6 +22,8 @@ def test_describe_names_the_phase_and_its_counts() -> None:
     rtpo = StepPhase("updating", since=0.0, depth=(1, 3), epoch=(2, 2), minibatch=(3, 4))
     assert describe(rtpo, 65.0) == "RTPO depth k=1 (2/3) · updating: epoch 2/2, minibatch 3/4 (0:01:05)"
     assert describe(StepPhase("scoring", since=0.0), 2.0) == "scoring (0:00:02)"
+    failing = StepPhase("collecting", since=0.0, episodes=16, done=16, failed=12, tokens=900)
+    assert describe(failing, 1.0) == "collecting: 4/16 episodes done, 12 failed, 0 in flight, 900 tokens (0:00:01)"
     assert describe(StepPhase(), 5.0) == ""
 
 

@@ -29,12 +29,29 @@ def _blocks() -> tuple[str, str]:
     return agent.group(1), config.group(1)
 
 
+def _questions() -> str:
+    """The walk-through's ``questions.jsonl``, as the doc prints it."""
+    block = re.search(r"```json\n(\{\"question\".*?)```", DOC.read_text(), re.S)
+    assert block, "docs/adapters.md lost its questions.jsonl block"
+    return block.group(1)
+
+
 def _write(folder: Path, agent: str, config: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "my_agent.py").write_text(agent)
     (folder / "my_config.yaml").write_text(config)
-    rows = [{"question": "Where is Orlan?", "answer": "Vell"}, {"question": "Who built Kest?", "answer": "Ama"}]
-    (folder / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "questions.jsonl").write_text(_questions())
+
+
+def test_the_questions_are_answered_by_the_shipped_corpus() -> None:
+    """Every answer of the doc's questions is in a passage of the corpus the agent's ``search`` tool reads."""
+    from agentrl.envs import SearchIndex
+
+    rows = [json.loads(line) for line in _questions().splitlines() if line.strip()]
+    texts = [doc["text"].lower() for doc in SearchIndex().docs]
+    assert len(rows) == 8
+    for row in rows:
+        assert any(row["answer"].lower() in text for text in texts), row
 
 
 def _agentrl(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -56,6 +73,8 @@ def test_the_walkthrough_trains_as_written(tmp_path: Path) -> None:
     assert proc.returncode == 0, out[-3000:]  # before: No module named 'my_agent', then required: model.algorithm
     assert "step 1/1" in proc.stdout, out[-3000:]
     assert (tmp_path / "checkpoints/last.ckpt").is_file()
+    # the config names no seed_everything and no trainer settings: no Lightning seed warning, no summary table
+    assert "No seed found" not in out and "Total params" not in out, out[-3000:]
 
 
 @pytest.mark.slow

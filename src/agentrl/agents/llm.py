@@ -124,6 +124,8 @@ class LLMClient:
     turns: list[Turn] = field(default_factory=list)
     snapshots: dict[int, BoundarySnapshot] = field(default_factory=dict)
     prefix_breaks: int = 0
+    engine_wait_s: float = 0.0
+    _engine_since: float | None = None
     _prev: _Previous | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
@@ -157,15 +159,26 @@ class LLMClient:
                             forced=True, messages=delta, tools=tools, started_ns=now, ended_ns=now)
                 return self._record(turn, messages, prompt_text)
         started = time.time_ns()
-        completion = await self.engine.generate(
-            prompt_ids, self.sampling.with_seed(derive_seed(self.seed, k)), session=self.session
-        )
+        self._engine_since = time.monotonic()
+        try:
+            completion = await self.engine.generate(
+                prompt_ids, self.sampling.with_seed(derive_seed(self.seed, k)), session=self.session
+            )
+        finally:
+            self.engine_wait_s += time.monotonic() - self._engine_since
+            self._engine_since = None
         if not completion.token_ids:
             raise EpisodeTruncated(f"turn {k}: the prompt ({len(prompt_ids)} tokens) fills the context window")
         turn = Turn(prompt_ids, completion.token_ids, completion.logprobs, index=k,
                     finish_reason=completion.finish_reason, policy_version=completion.policy_version, messages=delta,
                     tools=tools, started_ns=started, ended_ns=time.time_ns())
         return self._record(turn, messages, prompt_text)
+
+    def engine_seconds(self) -> float:
+        """Seconds this episode has waited on the engine so far (queued behind other episodes or generating),
+        the call in flight included; the collector's ``episode_timeout`` leaves them out."""
+        since = self._engine_since
+        return self.engine_wait_s + (time.monotonic() - since if since is not None else 0.0)
 
     def reward(self, value: float, turn: int = -1, *, source: str = "llm.reward") -> None:
         """Add a reward to a recorded turn (the last by default). A reward that is not a finite number raises

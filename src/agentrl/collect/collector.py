@@ -12,15 +12,20 @@ rollouts. Failures: an exception in the agent, a tool or the environment, or a t
 ``failed`` (error recorded, turns kept for review, excluded from the loss); the others are unaffected. Only when
 more than ``max_failed_fraction`` of a collection fails does it raise `CollectionError`.
 
-Timeouts: ``episode_timeout`` cancels the agent's coroutine. It holds for blocking work that runs in a worker
-thread (environment calls of `EnvAgent`, LangChain's sync tools, a sync reward); the episode is abandoned and
-counted failed while the thread, which cannot be killed, finishes in the background. Blocking code inside an
+Timeouts: ``episode_timeout`` bounds the episode's own time — its agent code, tools, environment and reward — and
+leaves out the time it waits on the engine (queued behind the other episodes of a batch or generating), so a
+loaded machine or a large collection does not fail episodes that are only slow to be served; a stalled engine is
+bounded by the engine's own timeout (`VLLMEngine`'s ``timeout``). Past it the agent's coroutine is cancelled. It
+holds for blocking work that runs in a worker thread (environment calls of `EnvAgent`, LangChain's sync tools, a
+sync reward); the episode is abandoned and counted failed while the thread, which cannot be killed, finishes in the
+background. Blocking code inside an
 ``async`` agent or tool runs on the event loop and stalls every episode until it returns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -144,7 +149,7 @@ class Collector:
         traj = Trajectory(task_id=task.id, seed=sample_seed, group=group, tree=tree,
                           branch_turn=None if replay is None else replay.branch_turn)
         try:
-            outcome = await asyncio.wait_for(self.agent.run(task, llm), timeout=self.episode_timeout)
+            outcome = await self._run_within_timeout(self.agent.run(task, llm), llm)
             traj.reward = check_reward(outcome.reward, f"the Outcome of {type(self.agent).__name__}.run")
             traj.terminated, traj.truncated = outcome.terminated, outcome.truncated
             traj.info.update(outcome.info)
@@ -155,9 +160,9 @@ class Collector:
             traj.info["truncation"] = str(exc)
         except TimeoutError:
             traj.failed, traj.info["timed_out"] = True, True
-            traj.error = (f"timeout: the episode did not finish within episode_timeout={self.episode_timeout:g} s "
-                          "and was abandoned (blocking code still running in a worker thread finishes in the "
-                          "background)")
+            traj.error = (f"timeout: the episode's own work (agent, tools, environment; time waiting on the engine "
+                          f"not counted) passed episode_timeout={self.episode_timeout:g} s and it was abandoned "
+                          "(blocking code still running in a worker thread finishes in the background)")
         except Exception as exc:  # any agent/tool/env error fails only this episode
             traj.failed = True
             traj.error = f"{type(exc).__name__}: {exc}{where_raised(exc)}"
@@ -171,6 +176,26 @@ class Collector:
         Trajectory.__post_init__(traj)  # validate the assembled episode
         return traj
 
+    async def _run_within_timeout(self, run: Any, llm: LLMClient) -> Any:
+        """Await the agent's ``run`` until its own time (wall time less ``llm.engine_seconds()``) passes
+        ``episode_timeout``; then cancel it and raise `TimeoutError`."""
+        task = asyncio.ensure_future(run)
+        start = time.monotonic()
+        try:
+            while True:
+                left = self.episode_timeout - (time.monotonic() - start - llm.engine_seconds())
+                if left <= 0:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    raise TimeoutError
+                done, _ = await asyncio.wait({task}, timeout=left)
+                if done:
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+
     async def _gather(self, jobs: list[Any]) -> list[Trajectory]:
         gate = asyncio.Semaphore(self.concurrency)
 
@@ -178,7 +203,8 @@ class Collector:
             async with gate:
                 self.progress.episode_started()
                 traj: Trajectory = await job
-                self.progress.episode_finished(sum(len(t.response_ids) for t in traj.turns if not t.forced))
+                self.progress.episode_finished(sum(len(t.response_ids) for t in traj.turns if not t.forced),
+                                               failed=traj.failed)
                 return traj
 
         self.progress.episodes_expected(len(jobs))

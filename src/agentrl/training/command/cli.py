@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
+from jsonargparse.typing import NonNegativeInt
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
@@ -86,6 +87,8 @@ class AgentRLCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RLCheckpoint, "checkpoint")
         parser.add_lightning_class_args(TrajectoryLogger, "tracking")
+        parser.add_argument("--progress.dead_steps", type=NonNegativeInt, default=3,
+                            help="say in the end summary when this many steps in a row could not learn (0: never)")
         parser.set_defaults({
             # a config without a model section trains SmolLM2 (docs/adapters.md). The algorithm has no default: a
             # default class's init_args would carry over to the configured one (jsonargparse keeps the arguments the
@@ -94,6 +97,7 @@ class AgentRLCLI(LightningCLI):
             "trainer.max_epochs": 1,
             "trainer.log_every_n_steps": 1,
             "trainer.num_sanity_val_steps": 0,
+            "trainer.enable_model_summary": False,  # agentrl prints its own start line; the table is noise here
             "trainer.logger": {
                 "class_path": "agentrl.tracking.MLflowLogger",
                 "init_args": {"experiment_name": "agentrl", "tracking_uri": DEFAULT_TRACKING_URI},
@@ -106,6 +110,9 @@ class AgentRLCLI(LightningCLI):
         quiet_libraries()
         config = self.config[self.subcommand] if self.subcommand else self.config
         _default_run_name(config)
+        for callback in self.trainer_defaults.get("callbacks", []):
+            if isinstance(callback, RunProgress) and config.get("progress.dead_steps") is not None:
+                callback.dead.after = int(config["progress.dead_steps"])
         if config.get("trainer.enable_progress_bar") is False:  # Lightning refuses a progress bar callback then
             self.trainer_defaults["callbacks"] = [c for c in self.trainer_defaults.get("callbacks", [])
                                                   if not isinstance(c, RunProgress)]
@@ -268,6 +275,7 @@ def run_fit(argv: Sequence[str], *, parser_class: type[AgentRLArgumentParser] = 
         save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
         trainer_defaults={"callbacks": [RunProgress()]},
         auto_configure_optimizers=False,
+        seed_everything_default=0,  # as data.seed and model.seed; not Lightning's random seed and its warning
     )
 
 

@@ -26,11 +26,13 @@ import logging
 import os
 import shlex
 import shutil
+import statistics
 import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TextIO
@@ -41,6 +43,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 
 from agentrl.runview import StepPhase, run_view
 from agentrl.tracking.review import TrajectoryLogger
+from agentrl.training.system.health import DeadRun, step_health
 
 VERBOSE_ENV = "AGENTRL_VERBOSE"
 _NOISY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "mlflow", "alembic",
@@ -94,14 +97,38 @@ def _clock(seconds: float) -> str:
 
 
 def eta_seconds(elapsed: float, steps_done: int, steps_left: int, tokens_done: float = 0.0,
-                tokens_left: float | None = None) -> float:
+                tokens_left: float | None = None, recent: Sequence[float] = ()) -> float:
     """Seconds left at this run's pace: by steps (``data.steps``), or by generated tokens when a token budget
-    (``data.max_generated_tokens``) ends the run first — whichever comes sooner. ``*_done`` are counted since this
-    process started (a resumed run's earlier steps took no time here)."""
-    eta = elapsed / max(steps_done, 1) * max(steps_left, 0)
+    (``data.max_generated_tokens``) ends the run first — whichever comes sooner. The pace by steps is the median
+    of ``recent`` step times when given (a slow first step or a passing load spike does not set it), else the
+    mean since this process started. ``*_done`` are counted since this process started (a resumed run's earlier
+    steps took no time here)."""
+    pace = statistics.median(recent) if recent else elapsed / max(steps_done, 1)
+    eta = pace * max(steps_left, 0)
     if tokens_left is not None and tokens_done > 0:
         eta = min(eta, elapsed / tokens_done * max(tokens_left, 0.0))
     return eta
+
+
+def oversubscribed(load: float, threads: int, cores: int) -> str | None:
+    """A one-line hint when the 1-minute ``load`` average is above what this run's ``threads`` torch threads on
+    ``cores`` cores explain (the larger of the two, plus one for the run's own helper threads); None otherwise."""
+    if load <= max(cores, threads) + 1:
+        return None
+    return (f"  machine busy: load {load:.1f} on {cores} cores ({threads} torch threads here), so steps take longer "
+            "than documented; with other jobs running, OMP_NUM_THREADS=1 or 2 avoids thread contention, and "
+            "a smaller model.micro_batch_tokens or data.batch_size makes each step lighter (docs/operations.md)")
+
+
+def _machine_hint() -> str | None:
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not available on this platform
+        return None
+    import torch
+
+    return oversubscribed(load, torch.get_num_threads(), len(os.sched_getaffinity(0)) if hasattr(
+        os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
 def _staleness(m: Mapping[str, float]) -> str:
@@ -116,8 +143,9 @@ def describe(phase: StepPhase, now: float) -> str:
         return ""
     parts: list[str] = [phase.kind]
     if phase.kind in ("collecting", "evaluating") and phase.episodes:
-        parts.append(f"{phase.done}/{phase.episodes} episodes done, {phase.running} in flight, "
-                     f"{phase.tokens} tokens")
+        ok = phase.done - phase.failed
+        failed = f", {phase.failed} failed" if phase.failed else ""
+        parts.append(f"{ok}/{phase.episodes} episodes done{failed}, {phase.running} in flight, {phase.tokens} tokens")
     elif phase.kind == "updating" and phase.epoch and phase.minibatch:
         parts.append(f"epoch {phase.epoch[0]}/{phase.epoch[1]}, minibatch {phase.minibatch[0]}/{phase.minibatch[1]}")
     text = ": ".join(parts) + f" ({_clock(now - phase.since)})"
@@ -198,10 +226,20 @@ class RunProgress(ProgressBar):
     Args:
         status_delay: Not a TTY: show a phase once it has lasted this many seconds.
         status_every: Not a TTY: at most one phase line every this many seconds.
+        dead_steps: A run whose steps could not learn this many times in a row says so in its end summary
+            (``progress.dead_steps`` in a config; 0: never).
+        eta_window: The ETA's pace is the median of this many most recent step times.
     """
 
-    def __init__(self, status_delay: float = 5.0, status_every: float = 10.0) -> None:
+    def __init__(self, status_delay: float = 5.0, status_every: float = 10.0, dead_steps: int = 3,
+                 eta_window: int = 5) -> None:
         super().__init__()
+        if dead_steps < 0 or eta_window < 1:
+            raise ValueError(f"progress.dead_steps must be >= 0 and eta_window >= 1, got {dead_steps}, {eta_window}")
+        self.dead = DeadRun(dead_steps)
+        self.step_times: deque[float] = deque(maxlen=eta_window)
+        self._last_end = 0.0
+        self._hinted = False
         self._enabled = True
         self._start = 0.0
         self._first_step = 0
@@ -303,14 +341,23 @@ class RunProgress(ProgressBar):
         if view is None:
             return
         m, step, total = view.last_metrics, view.rl_step, view.total_steps
-        budget = view.max_generated_tokens
-        eta = eta_seconds(time.perf_counter() - self._start, step - self._first_step, total - step,
+        budget, now = view.max_generated_tokens, time.perf_counter()
+        self.step_times.append(now - (self._last_end or self._start))
+        self._last_end = now
+        eta = eta_seconds(now - self._start, step - self._first_step, total - step,
                           view.generated_tokens - self._first_tokens,
-                          None if budget is None else budget - view.generated_tokens)
-        self._say(trainer, (
-            f"step {step:>{len(str(total))}}/{total}  reward {m.get('rollout/reward', float('nan')):+.3f}  "
-            f"success {m.get('rollout/success', float('nan')):.2f}  {m.get('perf/step_seconds', 0.0):.1f} s  "
-            f"{int(m.get('perf/generated_tokens', 0))} tokens{_staleness(m)}  ETA {_clock(eta)}"))
+                          None if budget is None else budget - view.generated_tokens, recent=self.step_times)
+        lines = [f"step {step:>{len(str(total))}}/{total}  reward {m.get('rollout/reward', float('nan')):+.3f}  "
+                 f"success {m.get('rollout/success', float('nan')):.2f}  {m.get('perf/step_seconds', 0.0):.1f} s  "
+                 f"{int(m.get('perf/generated_tokens', 0))} tokens{_staleness(m)}  ETA {_clock(eta)}"]
+        findings = step_health(view.step_record.episodes or view.last_trajectories, m)
+        self.dead.add(findings)
+        lines += [f"  ! {f.line}" for f in findings]
+        hint = None if self._hinted else _machine_hint()
+        if hint:
+            self._hinted = True
+            lines.append(hint)
+        self._say(trainer, "\n".join(lines))
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._stop_status(pl_module)
@@ -326,6 +373,9 @@ class RunProgress(ProgressBar):
         final, base = view.last_eval, view.base_eval
         elapsed = _clock(time.perf_counter() - self._start if self._start else 0.0)
         lines = [f"[agentrl] done: {view.rl_step} steps in {elapsed}"]
+        dead = self.dead.summary()
+        if dead:
+            lines.append(dead)
         if "eval/success" in base and "eval/success" in final and final is not base:
             lines.append(f"  held-out success: base {base['eval/success']:.3f} -> final "
                          f"{final['eval/success']:.3f} ({int(final.get('eval/episodes', 0))} episodes)")

@@ -30,6 +30,7 @@ from agentrl.training.rollout.session import RolloutSession
 from agentrl.training.system.callbacks import DetachOnException
 from agentrl.training.system.counters import Counted, RunCounters, report_cancelled, warn_recollecting
 from agentrl.training.system.evaluation import EvalPlan, Evaluator, continue_finished_run
+from agentrl.training.system.health import health_metrics, step_health
 from agentrl.training.system.metrics import StepMeter, publish_step
 from agentrl.training.system.view import ModuleRunView
 from agentrl.training.update import distributed, memory, sharding
@@ -292,6 +293,7 @@ class AgentRLModule(pl.LightningModule, ModuleRunView):
             distributed.check_in_sync(self.policy.trainable_parameters(), self.device)
         self.rl_step += 1
         metrics = self.meter.finish(metrics, self.policy, self.critic, self.policy_version)
+        metrics |= health_metrics(step_health(self.step_record.episodes or self.last_trajectories, metrics))
         self.last_metrics = self.counters.count_tokens(metrics)
         publish_step(self, metrics, self.rl_step, len(tasks))
 
