@@ -9,9 +9,9 @@ an MLflow logger it records:
 * at the first step and every ``every_n_steps`` steps, up to ``max_trajectories`` episodes of the step (RTPO: whole
   trees, a trunk and its siblings, at least one; `sample_episodes`) as **MLflow traces** in MLflow's chat format
   (`agentrl.tracking.chat`: a span per turn with the messages, the reply, its tool calls and its
-  ``agentrl.credit.*`` attributes; a TOOL span per call; reward and success as assessments) and as rows of the ``trajectories.json`` table;
-  these traces are tagged ``agentrl.phase = train``; their credit also as the ``credit.json`` table and the
-  ``credit.png`` figure on the run's page (`agentrl.tracking.credit_view`);
+  ``agentrl.credit.*`` attributes; a TOOL span per call; reward and success as assessments) and as rows of the
+  ``trajectories.json`` table; these traces are tagged ``agentrl.phase = train``; their credit also as the
+  ``credit.json`` table and the ``credit.png`` figure on the run's page (`agentrl.tracking.credit_view`);
 * at every held-out evaluation (base, periodic, final, and ``agentrl validate``'s; the module hands it over through
   ``on_heldout_evaluation``), each episode as a trace tagged ``agentrl.phase = eval`` and ``agentrl.eval =
   <label>``, and as rows of ``eval_trajectories.json``;
