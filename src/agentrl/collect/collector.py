@@ -13,13 +13,10 @@ rollouts. Failures: an exception in the agent, a tool or the environment, or a t
 more than ``max_failed_fraction`` of a collection fails does it raise `CollectionError`.
 
 Timeouts: ``episode_timeout`` bounds the episode's own time — its agent code, tools, environment and reward — and
-leaves out the time it waits on the engine (queued behind the other episodes of a batch or generating), so a
-loaded machine or a large collection does not fail episodes that are only slow to be served; a stalled engine is
-bounded by the engine's own timeout (`VLLMEngine`'s ``timeout``). Past it the agent's coroutine is cancelled. It
-holds for blocking work that runs in a worker thread (environment calls of `EnvAgent`, LangChain's sync tools, a
-sync reward); the episode is abandoned and counted failed while the thread, which cannot be killed, finishes in the
-background. Blocking code inside an
-``async`` agent or tool runs on the event loop and stalls every episode until it returns.
+leaves out the time it waits on the engine, so a loaded machine does not fail episodes that are only slow to be
+served (a stalled engine is bounded by the engine's own timeout). Past it the agent's coroutine is cancelled;
+blocking work in a worker thread (EnvAgent's environment, sync tools or rewards) is abandoned and counted failed.
+Blocking code inside an ``async`` agent or tool runs on the event loop and stalls every episode until it returns.
 """
 
 from __future__ import annotations
