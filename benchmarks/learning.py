@@ -64,6 +64,9 @@ from agentrl.models.precision import cpu_identity
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "learning"
 SCHEDULES = ("rtpo", "turn_ppo", "grpo", "token_ppo")
+# every schedule file under configs/learning/schedules/ can be run (the four above and variants such as
+# rtpo_fair, RTPO's fair run); the four are the default and the report's order
+SCHEDULE_FILES = tuple(sorted(x.stem for x in (CONFIGS / "schedules").glob("*.yaml")))
 # held-out sampled success for "tokens to reach the target"
 TARGETS = {"guess": 0.25, "frozenlake": 0.75, "creditchain": 0.9}
 
@@ -472,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env", nargs="+", default=["guess"], type=env_name,
                    help="a config of configs/learning/ (" + ", ".join(sorted(x.stem for x in CONFIGS.glob("*.yaml")))
                         + "), creditchain with settings, e.g. creditchain-d8-last (see the module docstring)")
-    p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
+    p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULE_FILES)
     p.add_argument("--seeds", nargs="+", type=int, default=None,
                    help=f"run seeds (default 0 1 2; with --lrs the sweep seeds {' '.join(map(str, SWEEP_SEEDS))})")
     p.add_argument("--lrs", nargs="*", type=float, default=None,

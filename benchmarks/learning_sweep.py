@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_LRS = (5.0e-6, 1.0e-5, 2.0e-5)
-SCHEDULE_LRS = {"rtpo": (1.0e-5, 2.0e-5, 4.0e-5)}
+SCHEDULE_LRS = {"rtpo": (1.0e-5, 2.0e-5, 4.0e-5), "rtpo_fair": DEFAULT_LRS}
 """Grids other than the default, with the reason. RTPO: its config scales each optimizer step by the informative
 samples behind it (``ppo.lr_reference_samples: 16``), taken per minibatch, so its grid is the default one doubled.
 The doubling assumed a factor of about 0.5; the factor measured in the sweep and grid cells (``train/lr_scale``) is
