@@ -54,7 +54,9 @@ SCHEDULE_LRS = {"rtpo": (1.0e-5, 2.0e-5, 4.0e-5), "rtpo_fair": DEFAULT_LRS}
 samples behind it (``ppo.lr_reference_samples: 16``), taken per minibatch, so its grid is the default one doubled.
 The doubling assumed a factor of about 0.5; the factor measured in the sweep and grid cells (``train/lr_scale``) is
 0.09-0.16 (at most 4/16 with four siblings a minibatch), so RTPO's effective rates sit below the other schedules'
-(docs/benchmarks.md, "Credit assignment")."""
+(docs/benchmarks.md, "Credit assignment"). ``rtpo_fair`` (RTPO's fair run: no factor, K <= 3, two trunks a task)
+takes every step at the configured rate, so it starts from the default grid, on two sweep seeds (10, 11), and
+is widened where its choice lands on an edge (docs/benchmarks-log.md, "RTPO's fair run")."""
 
 SWEEP_SEEDS = (10,)
 NO_EVAL = {"eval_episodes": 0, "eval_every_tokens": 0, "eval_every": 0, "eval_greedy": False}
