@@ -69,7 +69,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "learning"
 SCHEDULES = ("rtpo", "turn_ppo", "grpo", "token_ppo")
 # every schedule file under configs/learning/schedules/ can be run (the four above and variants such as the
-# credit test's turn_ppo_lam05 / turn_ppo_lam1); the four are the default and the report's order
+# credit test's turn_ppo_lam05 / turn_ppo_lam1 and rtpo_fair, RTPO's fair run); the four are the default and the
+# report's order
 SCHEDULE_FILES = tuple(sorted(x.stem for x in (CONFIGS / "schedules").glob("*.yaml")))
 # held-out sampled success for "tokens to reach the target"
 TARGETS = {"guess": 0.25, "frozenlake": 0.75, "creditchain": 0.9, "creditturn": 0.9}

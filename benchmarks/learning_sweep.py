@@ -49,14 +49,16 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_LRS = (5.0e-6, 1.0e-5, 2.0e-5)
-SCHEDULE_LRS = {"rtpo": (1.0e-5, 2.0e-5, 4.0e-5)}
+SCHEDULE_LRS = {"rtpo": (1.0e-5, 2.0e-5, 4.0e-5), "rtpo_fair": (5.0e-6, 1.0e-5, 2.0e-5, 4.0e-5)}
 """Grids other than the default, with the reason. RTPO: its config sizes each optimizer step by the informative
 samples behind it (``ppo.lr_reference_samples: 16``), a factor taken per minibatch. The grid was doubled on the
 assumption that this factor halves an RTPO step; it does not: a learning-config minibatch holds four siblings, so
 the factor is at most 4/16 = 0.25, and folding identical replies keeps it lower (the grid's cells logged a
-``train/lr_scale`` of about 0.12; docs/benchmarks.md, "Turn-level credit"). The doubled grid's effective rates are
-therefore still below the default grid's: a wider search, not the same steps in weight space, and its chosen rate
-sat at the grid's top edge."""
+``train/lr_scale`` of about 0.12). The doubled grid's effective rates are therefore still below the default grid's:
+a wider search, not the same steps in weight space, and its chosen rate sat at the grid's top edge. ``rtpo_fair``
+(RTPO's fair run: no factor, K <= 3, two trunks a task) takes every step at the configured rate: the default grid,
+on two sweep seeds (10, 11), widened to 4e-5 when its choice landed on the default grid's top edge
+(docs/benchmarks-log.md, "RTPO's fair run")."""
 
 SWEEP_SEEDS = (10,)
 NO_EVAL = {"eval_episodes": 0, "eval_every_tokens": 0, "eval_every": 0, "eval_greedy": False}

@@ -243,3 +243,21 @@ def test_a_report_covers_every_finished_seed_not_only_the_runners_own(tmp_path: 
     rows = {r["schedule"]: r for r in json.loads((tmp_path / "guess" / "table.json").read_text())}
     assert rows["grpo"]["seeds"] == [0, 1, 2, 3, 4] and rows["rtpo"]["seeds"] == [0, 7]
     assert rows["grpo"]["final_success"][0] == pytest.approx(0.5)  # (0 + 0.25 + 0.5 + 0.75 + 1) / 5
+
+
+def test_rtpo_fair_run_has_the_papers_depth_cap_and_trunks_and_no_rate_factor(tmp_path: Path) -> None:
+    """RTPO's fair run (configs/learning/schedules/rtpo_fair.yaml): K <= 3 and 2-4 trunks per task, kept on
+    CreditChain (the every-depth override is the grid's `rtpo` alone), no informative-sibling rate factor, two
+    tasks a step and the grid's 3,000-token budget; the grid's `rtpo` keeps the factor its committed cells ran with."""
+    import yaml
+    from learning import CONFIGS, config_value
+
+    cell = overrides("creditchain-d8", "rtpo_fair", 0, tmp_path, "sqlite:///x.db", tmp_path)
+    assert "algorithm" not in cell["model"]
+    fair = yaml.safe_load((CONFIGS / "schedules" / "rtpo_fair.yaml").read_text())
+    init = fair["model"]["algorithm"]["init_args"]
+    assert init["max_depth"] <= 3 and 2 <= init["trunks_per_task"] <= 4
+    assert init["ppo"]["lr_reference_samples"] is None
+    assert fair["data"]["batch_size"] == 2 * init["trunks_per_task"]  # data.batch_size counts trunks
+    assert config_value("creditchain", "rtpo_fair", "data", "max_generated_tokens") == 3000
+    assert config_value("creditchain", "rtpo", "model", "algorithm", "init_args", "ppo")["lr_reference_samples"] == 16

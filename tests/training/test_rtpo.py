@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
 from agentrl.training.schedules.rtpo import RTPO, _roll_up_depths
 from agentrl.training.system.module import AgentRLModule
 from agentrl.training.update.batching import TurnTargets, collate, pack_rows
-from agentrl.training.update.settings import PPOSettings
+from agentrl.training.update.settings import OptimSettings, PPOSettings
 from agentrl.types import Trajectory
 from tests.training.helpers import LetterAgent, fit, letter_data
 
@@ -168,3 +169,52 @@ def test_generated_success_pools_trunks_and_every_sibling() -> None:
     assert m["rollout/generated_success"] == pytest.approx(won / (m["rollout/ok_episodes"] + len(siblings)))
     assert 0.0 < m["rollout/generated_success"] < 1.0  # the case is not degenerate
     assert m["rollout/generated_success"] != pytest.approx(m["rollout/success"])  # and differs from trunks alone
+
+
+class _PolicyLRs(pl.Callback):
+    """The policy optimizer's learning rate at every optimizer step that runs."""
+
+    def __init__(self) -> None:
+        self.lrs: list[float] = []
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: Any, optimizer: Any) -> None:
+        if optimizer is trainer.optimizers[0]:
+            self.lrs.append(float(optimizer.param_groups[0]["lr"]))
+
+
+class _InformativeModule(RecordingModule):
+    """The real module, keeping each depth update's informative samples (one minibatch a depth here)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.informative: list[float] = []
+
+    def update(self, trajectories: Any, targets: Any, ppo: PPOSettings, *, tag: str = "") -> dict[str, float]:
+        out = super().update(trajectories, targets, ppo, tag=tag)
+        self.informative.append(out.get("train/informative_samples", 0.0))
+        return out
+
+
+def _policy_lrs(algo: RTPO, lr: float) -> tuple[list[float], list[float]]:
+    from agentrl.models.policy import Policy
+
+    pl.seed_everything(0, verbose=False)
+    module = _InformativeModule(Policy("tiny-random"), algo, peak_flops=1e11, optim=OptimSettings(lr=lr))
+    log = _PolicyLRs()
+    fit(module, letter_data(batch_size=3, steps=2), callbacks=[log])
+    assert module.trainer.optimizers[0].param_groups[0]["lr"] == lr  # the configured rate is left as it was
+    return log.lrs, module.informative
+
+
+def test_rtpo_steps_at_its_configured_rate_unless_the_informative_sibling_factor_is_asked_for() -> None:
+    """By default RTPO has no informative-sibling rate factor (not in the paper): every policy step runs at the
+    configured lr. ``ppo.lr_reference_samples: 16`` restores the earlier rule of the grid's RTPO: each depth's
+    step (one minibatch a depth here) at lr · min(1, n / 16), n that depth's informative siblings."""
+    assert RTPO().ppo.lr_reference_samples is None
+    lr = 1e-3
+    plain, _ = _policy_lrs(RTPO(group_size=3, ppo=PPOSettings(epochs=1)), lr)
+    assert plain and plain == [lr] * len(plain)
+    scaled, informative = _policy_lrs(RTPO(group_size=3, ppo=PPOSettings(epochs=1, lr_reference_samples=16)), lr)
+    expected = [lr * min(1.0, n / 16) for n in informative if n > 0]
+    assert scaled == pytest.approx(expected, rel=1e-9, abs=0.0)
+    assert scaled and max(scaled) < lr  # 3 trunks x 2 siblings: at most 6 of 16 informative
