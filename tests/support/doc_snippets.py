@@ -137,10 +137,12 @@ def shell_commands(body: list[str], prompt: bool) -> list[tuple[int, str]]:
 
 
 def program(command: str) -> str:
-    """The command without leading ``VAR=value`` settings."""
+    """The command without leading ``VAR=value`` settings and a ``nice [-n N]`` prefix."""
     words = command.split()
     while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
         words.pop(0)
+    if words[:1] == ["nice"]:
+        words = words[3:] if words[1:2] == ["-n"] else words[1:]
     return " ".join(words)
 
 

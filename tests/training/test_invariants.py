@@ -69,9 +69,9 @@ class PreUpdateCheck:
         keys = list(targets)
         assert keys
         after = m.values(trajectories, keys)
-        live, m.critic = m.critic, frozen
+        live, m.scorer.critic = m.scorer.critic, frozen  # the module scores turns through its TurnScorer
         before = m.values(trajectories, keys)
-        m.critic = live
+        m.scorer.critic = live
         assert all(abs(before[k][0] - targets[k].old_values) < 1e-6 for k in keys)
         assert any(abs(after[k][0] - targets[k].old_values) > 1e-6 for k in keys)
         self.checked += 1
