@@ -4,22 +4,12 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import pytest
 
 from agentrl.envs import CreditChainEnv
 from agentrl.envs.creditchain import CUES, balanced_cues
-
-
-def play(env: CreditChainEnv, seed: int, replies: list[str]) -> tuple[list[str], list[float], dict[str, Any]]:
-    observations, rewards, info = [env.reset(seed)], [], {}
-    for reply in replies:
-        result = env.step(reply)
-        observations.append(result.observation)
-        rewards.append(result.reward)
-        info = result.info
-    return observations, rewards, info
+from tests.envs.test_creditchain import play
 
 
 def wrong_of(env: CreditChainEnv, seed: int, j: int) -> str:
