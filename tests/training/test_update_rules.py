@@ -72,6 +72,28 @@ def test_a_minibatch_with_signal_does_step() -> None:
     assert module.last_metrics["train/skipped_updates"] == 0.0
 
 
+def test_adamw_is_fused_on_the_cpu_by_default_and_steps_as_the_loop_does() -> None:
+    """``optim.fused`` (default on): the trainer's AdamW runs PyTorch's fused kernel on plain CPU tensors, and a step
+    moves the weights as the loop implementation does, to float32 rounding; ``fused: false`` keeps the loop."""
+    trajs = _tied_groups()
+    trajs[1].turns[-1].reward = 1.0
+    after: dict[bool, dict[str, torch.Tensor]] = {}
+    for fused in (True, False):
+        torch.manual_seed(0)
+        module = make_module(fixed_schedule(GRPO, [trajs], group_size=2, ppo=PPOSettings(epochs=1)),
+                             optim=OptimSettings(lr=1e-3, fused=fused))
+        for t in trajs:
+            lp = module.logprobs([t], [(0, turn.index) for turn in t.turns])
+            for turn in t.turns:
+                turn.logprobs = lp[(0, turn.index)]
+        before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
+        trainer = fit(module, letter_data(batch_size=2, steps=1))
+        assert trainer.optimizers[0].defaults["fused"] is (True if fused else None)
+        after[fused] = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
+        assert max((after[fused][n] - before[n]).abs().max().item() for n in before) > 1e-4  # it stepped
+    assert max((after[True][n] - after[False][n]).abs().max().item() for n in after[True]) <= 1e-6
+
+
 def test_each_schedule_owns_its_aggregation_default_and_an_explicit_one_wins() -> None:
     assert TokenPPO(ppo=PPOSettings(epochs=2)).ppo.aggregate is token_mean
     assert TokenPPO().ppo.aggregate is token_mean

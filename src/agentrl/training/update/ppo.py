@@ -74,11 +74,9 @@ class PPOUpdate:
     def build_optimizers(self) -> list[torch.optim.Optimizer]:
         """AdamW for the policy's trainable parameters and, with a critic, a second one at the critic's rate."""
         o = self.optim
-        opts: list[torch.optim.Optimizer] = [torch.optim.AdamW(
-            self.policy.trainable_parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)]
+        opts: list[torch.optim.Optimizer] = [adamw(list(self.policy.trainable_parameters()), o.lr, o)]
         if self.critic is not None:
-            opts.append(torch.optim.AdamW(self.critic.trainable_parameters(), lr=o.critic_lr,
-                                          betas=(o.beta1, o.beta2), weight_decay=o.weight_decay))
+            opts.append(adamw(list(self.critic.trainable_parameters()), o.critic_lr, o))
         return opts
 
     def take_costs(self) -> dict[str, float]:
@@ -212,6 +210,15 @@ class PPOUpdate:
         stats["train/optimizer_steps"] = 1.0 if step_policy else 0.0
         stats["train/skipped_updates"] = 0.0 if step_policy else 1.0
         return dict(stats)
+
+
+def adamw(params: list[torch.nn.Parameter], lr: float, o: OptimSettings) -> torch.optim.AdamW:
+    """AdamW over ``params`` at ``lr``, fused where ``o.fused`` and PyTorch has a fused kernel for them: plain
+    floating-point tensors on the CPU or CUDA (a sharded ``DTensor`` keeps the default implementation)."""
+    fusable = bool(params) and all(
+        type(p.data) is torch.Tensor and p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.AdamW(params, lr=lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay,
+                             fused=True if o.fused and fusable else None)
 
 
 def minibatch_split(local_rows: int, most_rows: int, ppo: PPOSettings) -> tuple[int, int]:
