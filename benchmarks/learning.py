@@ -17,7 +17,8 @@ CreditChain *settings* are environment names with knobs after the config's name 
 ``creditchain-d8`` is ``configs/learning/creditchain.yaml`` with 8 distractors, ``creditchain-m3-d4-last-n0.5``
 3 decisions, 4 distractors, decisions last (the control), distractor noise σ = 0.5; ``fb`` turns CreditChain's feedback
 on (``creditturn-fb``: the turn-level credit test of ``configs/learning/creditturn.yaml``, whose arms are the
-schedule files ``turn_ppo_lam05`` and ``turn_ppo_lam1``; `benchmarks/credit_protocol.py` tabulates it). Each
+schedule files ``turn_ppo_lam05`` and ``turn_ppo_lam1``, and its secondary arms ``token_ppo_credit``, ``turn_ppo_v0``,
+``grpo_credit`` and ``rtpo_credit``, run with feedback on; `benchmarks/credit_protocol.py` tabulates it). Each
 setting is its own folder
 of cells; its learning rates come from the sweep of the plain config name (``--env creditchain --lrs``), so one
 protocol run serves the grid, unless the setting has a sweep of its own for the schedule (`sweep_setting`: the

@@ -134,3 +134,21 @@ def test_a_setting_swept_on_its_own_gives_its_rate_and_a_sweep_keeps_every_sched
         (own / name).mkdir()
     assert reported_schedules(own, ["token_ppo_credit"]) == ["token_ppo_credit", "grpo_credit", "turn_ppo_v0"]
     assert reported_schedules(own, ["grpo"]) == ["grpo", "grpo_credit", "turn_ppo_v0"]
+
+
+def test_the_secondary_arms_take_the_primary_arms_tasks_and_episodes_a_step() -> None:
+    primary = _arm("turn_ppo_lam05")
+    steps = {"token_ppo_credit": 2, "turn_ppo_v0": 2, "grpo_credit": 2, "rtpo_credit": 2}  # episodes (trunks) a task
+    for name, per_task in steps.items():
+        arm = _arm(name)
+        init = arm["model"]["algorithm"]["init_args"]
+        got = init["trunks_per_task"] if name == "rtpo_credit" else init["group_size"]
+        assert got == per_task and arm["data"]["batch_size"] == primary["data"]["batch_size"] == 8, name
+        assert init["ppo"]["minibatches"] == 2 and init["ppo"]["epochs"] == 1, name
+        assert "optim" not in arm.get("model", {}), f"{name}: its rate comes from its sweep, not its file"
+    v0 = _arm("turn_ppo_v0")["model"]["algorithm"]["init_args"]
+    assert (v0["zero_critic"], v0["gamma"], v0["lam"], v0["value_warmup_epochs"]) == (True, 1.0, 1.0, 0)
+    rtpo = _arm("rtpo_credit")["model"]["algorithm"]["init_args"]
+    fair = _arm("rtpo_fair")["model"]["algorithm"]["init_args"]
+    assert (rtpo["max_depth"], rtpo["group_size"], rtpo["ppo"]["lr_reference_samples"]) == (
+        fair["max_depth"], fair["group_size"], None)
