@@ -11,6 +11,11 @@ fraction of decisions right, less 0.1 a format error), sampled and greedy, and f
 reported as the mean over seeds ± its SE with the exact two-sided sign-flip p (all 2^n sign patterns of the per-seed
 values; the smallest p at n seeds is 2 / 2^n). The four arm means are given beside it.
 
+The **secondary arms** (feedback on only: token-PPO, Turn-PPO with a zero critic, GRPO, RTPO; `SECONDARY`) are
+each set against the feedback-on Turn-PPO arms, λ 0.5 (the reference the protocol names) and λ 1 (the same λ as
+the zero critic and the Monte Carlo schedules), paired by seed over the seeds where both cells have finished:
+the mean of the per-seed differences (arm − Turn-PPO) ± its SE and its sign-flip p, with both means beside it.
+
 Example::
 
     python benchmarks/credit_protocol.py --out benchmarks/results/learning --json table.json
@@ -28,6 +33,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {"on": "creditturn-fb", "off": "creditturn"}
 ARMS = {"0.5": "turn_ppo_lam05", "1": "turn_ppo_lam1"}
+# the secondary arms (configs/learning/schedules/<file>.yaml), run on the feedback-on setting only, and the
+# primary arms they are set against
+SECONDARY = {"token-PPO": "token_ppo_credit", "Turn-PPO V = 0": "turn_ppo_v0", "GRPO": "grpo_credit",
+             "RTPO": "rtpo_credit"}
+REFERENCES = {"Turn-PPO λ 0.5": "turn_ppo_lam05", "Turn-PPO λ 1": "turn_ppo_lam1"}
 METRICS = {"decisions_right": "reward", "decisions_right_greedy": "greedy_reward", "all_right": "success",
            "all_right_greedy": "greedy_success"}
 
@@ -66,6 +76,46 @@ def table(out: Path, seeds: range = range(64)) -> dict[str, Any]:
     return result
 
 
+def paired(arm: dict[int, dict[str, Any]], ref: dict[int, dict[str, Any]], key: str) -> dict[str, Any]:
+    """``arm`` − ``ref`` on ``key`` over the seeds both have: the two means, the per-seed differences, their mean
+    ± SE and sign-flip p (None where no seed is shared)."""
+    seeds = sorted(set(arm) & set(ref))
+    diff = [float(arm[k][key]) - float(ref[k][key]) for k in seeds]
+    return {"seeds": seeds, "arm": statistics.fmean(float(arm[k][key]) for k in seeds) if seeds else None,
+            "reference": statistics.fmean(float(ref[k][key]) for k in seeds) if seeds else None,
+            "diff_per_seed": diff, "diff": statistics.fmean(diff) if diff else None,
+            "se": statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else None,
+            "sign_flip_p": sign_flip_p(diff) if diff else None}
+
+
+def secondary(out: Path, seeds: range = range(64)) -> dict[str, Any]:
+    """Per secondary arm, per reference (`REFERENCES`), per metric: `paired` on the feedback-on setting."""
+    on = SETTINGS["on"]
+    finals = {name: {k: c for k in seeds if (c := final(out, on, name, k)) is not None}
+              for name in [*SECONDARY.values(), *REFERENCES.values()]}
+    return {label: {"schedule": arm, "finished_seeds": sorted(finals[arm]),
+                    "vs": {ref_label: {m: paired(finals[arm], finals[ref], key) for m, key in METRICS.items()}
+                           for ref_label, ref in REFERENCES.items()}}
+            for label, arm in SECONDARY.items()}
+
+
+def print_secondary(res: dict[str, Any]) -> None:
+    """One line per (arm, reference): held-out decisions-right, sampled and greedy, arm − Turn-PPO paired by seed."""
+    print(f"secondary arms ({SETTINGS['on']}; arm − reference, paired by seed; sign-flip p):")
+    for label, arm in res.items():
+        for ref_label, metrics in arm["vs"].items():
+            parts = []
+            for m in ("decisions_right", "decisions_right_greedy"):
+                r = metrics[m]
+                if r["diff"] is None:
+                    parts.append(f"{m}: no shared seed")
+                    continue
+                se = "-" if r["se"] is None else f"{r['se']:.3f}"
+                parts.append(f"{m} {r['arm']:.3f} vs {r['reference']:.3f}: {r['diff']:+.3f} ± {se} "
+                             f"(p {r['sign_flip_p']:.3f}, {len(r['seeds'])} seeds)")
+            print(f"  {label} vs {ref_label}: " + "; ".join(parts))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
@@ -80,6 +130,8 @@ def main(argv: list[str] | None = None) -> None:
         se = "-" if row["se"] is None else f"{row['se']:.3f}"
         print(f"{name}: DiD {row['did']:+.3f} ± {se} (sign-flip p {row['sign_flip_p']:.3f}); "
               + ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k.startswith("fb ")))
+    res["secondary"] = secondary(args.out)
+    print_secondary(res["secondary"])
     if args.json is not None:
         args.json.write_text(json.dumps(res, indent=1) + "\n")
 

@@ -17,10 +17,12 @@ CreditChain *settings* are environment names with knobs after the config's name 
 ``creditchain-d8`` is ``configs/learning/creditchain.yaml`` with 8 distractors, ``creditchain-m3-d4-last-n0.5``
 3 decisions, 4 distractors, decisions last (the control), distractor noise σ = 0.5; ``fb`` turns CreditChain's feedback
 on (``creditturn-fb``: the turn-level credit test of ``configs/learning/creditturn.yaml``, whose arms are the
-schedule files ``turn_ppo_lam05`` and ``turn_ppo_lam1``; `benchmarks/credit_protocol.py` tabulates it). Each
+schedule files ``turn_ppo_lam05`` and ``turn_ppo_lam1``, and its secondary arms ``token_ppo_credit``, ``turn_ppo_v0``,
+``grpo_credit`` and ``rtpo_credit``, run with feedback on; `benchmarks/credit_protocol.py` tabulates it). Each
 setting is its own folder
 of cells; its learning rates come from the sweep of the plain config name (``--env creditchain --lrs``), so one
-protocol run serves the grid.
+protocol run serves the grid, unless the setting has a sweep of its own for the schedule (`sweep_setting`: the
+credit test's secondary arms are swept on ``creditturn-fb``).
 
 Example::
 
@@ -262,10 +264,12 @@ def reported_schedules(folder: Path, given: list[str]) -> list[str]:
     """The schedules a report covers: the ones this invocation ran and every other one with results in ``folder``.
     Two runners on different schedules of one environment then leave a table (and a ``chosen.json``) of all of
     them, where each used to overwrite it with its own schedules only: a reported runner reading ``chosen.json``
-    while a sweep runner finished lost its schedule's choice mid-run. A schedule not run now is scored on its
-    default grid (`sweep_lrs`)."""
-    on_disk = [s for s in SCHEDULES if s not in given and (folder / s).is_dir()]
-    return [s for s in SCHEDULES if s in given or s in on_disk] + [s for s in given if s not in SCHEDULES]
+    while a sweep runner finished lost its schedule's choice mid-run. Every schedule file counts (the credit test's
+    arms, ``rtpo_fair``), not only the four: one of them swept alone dropped the others' choices. A schedule not run
+    now is scored on its default grid (`sweep_lrs`)."""
+    on_disk = [s for s in SCHEDULE_FILES if s not in given and (folder / s).is_dir()]
+    return ([s for s in SCHEDULES if s in given or s in on_disk]
+            + [s for s in [*given, *on_disk] if s not in SCHEDULES])
 
 
 def reported_seeds(folder: Path, schedules: list[str], given: list[int]) -> list[int]:
@@ -328,6 +332,16 @@ def config_value(env: str, schedule: str, *keys: str) -> Any:
             node = node.get(key) if isinstance(node, dict) else None
         value = node if node is not None else value
     return value
+
+
+def sweep_setting(out: Path, env: str, schedule: str) -> str:
+    """Whose sweep gives a cell of ``env`` its rate (``--lr-from-sweep``): the setting's own where its sweep chose
+    one for ``schedule`` (the credit test's secondary arms are swept on ``creditturn-fb``, where they run), else
+    the plain config name's (a grid setting such as ``creditchain-d8`` takes ``creditchain``'s)."""
+    own = out / "sweep" / env / "chosen.json"
+    if env != env_setting(env)[0] and own.exists() and schedule in json.loads(own.read_text()):
+        return env
+    return env_setting(env)[0]
 
 
 def lr_conflict(args: argparse.Namespace, sweeping: bool) -> str | None:
@@ -541,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.lr_from_sweep:  # every schedule's choice is known before the first cell runs
         for env in args.env:
             for schedule in args.schedules:
-                chosen_lr(args.out, env_setting(env)[0], schedule)
+                chosen_lr(args.out, sweep_setting(args.out, env, schedule), schedule)
     args.scratch = args.scratch.resolve()
     args.keep_checkpoints = args.keep_checkpoints and args.keep_checkpoints.resolve()
     failed = 0
@@ -549,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         todo = [(e, s, k, lr) for e in args.env for k in args.seeds for s in args.schedules for lr in grids[s]]
         ran = 0
         for env, schedule, seed, swept in todo:
-            lr = chosen_lr(args.out, env_setting(env)[0], schedule) if args.lr_from_sweep else swept
+            lr = chosen_lr(args.out, sweep_setting(args.out, env, schedule), schedule) if args.lr_from_sweep else swept
             lr = args.lr if args.lr is not None else lr
             folder = cell_folder(args.out, env, schedule, seed, lr, sweeping)
             if finished(folder, lr, sweeping, settings_digest(env, schedule, args.extra), lr_source(args, sweeping)):

@@ -84,3 +84,71 @@ def test_the_did_table_by_hand(tmp_path: Path) -> None:
     assert row["sign_flip_p"] == pytest.approx(0.5)
     assert res["metrics"]["all_right"]["did"] == pytest.approx(0.55 / 6)
     assert sign_flip_p([1.0] * 8) == pytest.approx(2 / 256)
+
+
+def test_the_secondary_arms_are_paired_by_seed_against_turn_ppo_with_feedback_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from credit_protocol import SECONDARY, print_secondary, secondary
+
+    assert set(SECONDARY.values()) <= set(SCHEDULE_FILES)  # every arm has its schedule file
+    # GRPO 0.8 on seeds 0-2; Turn-PPO λ 0.5 (feedback on) 0.7, 0.6, 0.5 and 0.9 on seed 3, which GRPO lacks:
+    # differences 0.1, 0.2, 0.3 (mean 0.2, sd 0.1, SE 0.1/√3; sign flips: only all + and all − reach |mean| 0.2,
+    # p = 2/8). λ 1 has seeds 1 and 2 only (0.9, 0.4): differences −0.1, +0.4, mean 0.15, SE 0.25, p = 1.
+    # Feedback-off cells (λ 0.5 at 0.0, a GRPO one at 0.0) must not be read.
+    for seed, value in enumerate((0.8, 0.8, 0.8)):
+        _cell(tmp_path, "creditturn-fb", "grpo_credit", seed, value)
+    for seed, value in enumerate((0.7, 0.6, 0.5, 0.9)):
+        _cell(tmp_path, "creditturn-fb", "turn_ppo_lam05", seed, value)
+        _cell(tmp_path, "creditturn", "turn_ppo_lam05", seed, 0.0)
+    for seed, value in ((1, 0.9), (2, 0.4)):
+        _cell(tmp_path, "creditturn-fb", "turn_ppo_lam1", seed, value)
+    _cell(tmp_path, "creditturn", "grpo_credit", 0, 0.0)
+    res = secondary(tmp_path, range(4))
+    grpo = res["GRPO"]
+    assert grpo["finished_seeds"] == [0, 1, 2]
+    r = grpo["vs"]["Turn-PPO λ 0.5"]["decisions_right"]
+    assert r["seeds"] == [0, 1, 2] and r["diff_per_seed"] == pytest.approx([0.1, 0.2, 0.3])
+    assert (r["arm"], r["reference"], r["diff"]) == pytest.approx((0.8, 0.6, 0.2))
+    assert r["se"] == pytest.approx(0.1 / 3 ** 0.5) and r["sign_flip_p"] == pytest.approx(0.25)
+    r1 = grpo["vs"]["Turn-PPO λ 1"]["decisions_right_greedy"]
+    assert r1["seeds"] == [1, 2] and r1["diff_per_seed"] == pytest.approx([-0.1, 0.4])
+    assert (r1["diff"], r1["se"], r1["sign_flip_p"]) == pytest.approx((0.15, 0.25, 1.0))
+    assert grpo["vs"]["Turn-PPO λ 0.5"]["all_right"]["diff"] == pytest.approx(0.1)  # success = reward / 2
+    assert res["RTPO"]["finished_seeds"] == [] and res["RTPO"]["vs"]["Turn-PPO λ 1"]["decisions_right"]["diff"] is None
+    print_secondary(res)
+    out = capsys.readouterr().out
+    assert "GRPO vs Turn-PPO λ 0.5: decisions_right 0.800 vs 0.600: +0.200 ± 0.058 (p 0.250, 3 seeds)" in out
+    assert "RTPO vs Turn-PPO λ 0.5: decisions_right: no shared seed" in out
+
+
+def test_a_setting_swept_on_its_own_gives_its_rate_and_a_sweep_keeps_every_schedule_file(tmp_path: Path) -> None:
+    from learning import reported_schedules, sweep_setting
+
+    own = tmp_path / "sweep" / "creditturn-fb"
+    own.mkdir(parents=True)
+    (own / "chosen.json").write_text(json.dumps({"grpo_credit": {"lr": 1e-5}}))
+    assert sweep_setting(tmp_path, "creditturn-fb", "grpo_credit") == "creditturn-fb"
+    assert sweep_setting(tmp_path, "creditturn-fb", "turn_ppo_v0") == "creditturn"  # not swept there
+    assert sweep_setting(tmp_path, "creditchain-d8", "grpo") == "creditchain"
+    for name in ("grpo_credit", "turn_ppo_v0", "notes"):  # two arms swept earlier, and a folder that is none
+        (own / name).mkdir()
+    assert reported_schedules(own, ["token_ppo_credit"]) == ["token_ppo_credit", "grpo_credit", "turn_ppo_v0"]
+    assert reported_schedules(own, ["grpo"]) == ["grpo", "grpo_credit", "turn_ppo_v0"]
+
+
+def test_the_secondary_arms_take_the_primary_arms_tasks_and_episodes_a_step() -> None:
+    primary = _arm("turn_ppo_lam05")
+    steps = {"token_ppo_credit": 2, "turn_ppo_v0": 2, "grpo_credit": 2, "rtpo_credit": 2}  # episodes (trunks) a task
+    for name, per_task in steps.items():
+        arm = _arm(name)
+        init = arm["model"]["algorithm"]["init_args"]
+        got = init["trunks_per_task"] if name == "rtpo_credit" else init["group_size"]
+        assert got == per_task and arm["data"]["batch_size"] == primary["data"]["batch_size"] == 8, name
+        assert init["ppo"]["minibatches"] == 2 and init["ppo"]["epochs"] == 1, name
+        assert "optim" not in arm.get("model", {}), f"{name}: its rate comes from its sweep, not its file"
+    v0 = _arm("turn_ppo_v0")["model"]["algorithm"]["init_args"]
+    assert (v0["zero_critic"], v0["gamma"], v0["lam"], v0["value_warmup_epochs"]) == (True, 1.0, 1.0, 0)
+    rtpo = _arm("rtpo_credit")["model"]["algorithm"]["init_args"]
+    fair = _arm("rtpo_fair")["model"]["algorithm"]["init_args"]
+    assert (rtpo["max_depth"], rtpo["group_size"], rtpo["ppo"]["lr_reference_samples"]) == (
+        fair["max_depth"], fair["group_size"], None)

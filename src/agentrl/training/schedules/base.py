@@ -191,6 +191,7 @@ class CriticSchedule(GroupSchedule):
     def _no_episodes(self, learner: Learner) -> tuple[Targets, dict[str, float]]:
         """No episodes on this rank: still take part in what is collective (scoring under sharded weights, and
         whitening)."""
-        learner.values([], [])
+        if self.needs_critic:  # (Turn-PPO's zero_critic builds none: no rank scores)
+            learner.values([], [])
         self._scale(learner, [], torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.bool))
         return {}, {}

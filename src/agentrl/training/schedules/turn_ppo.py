@@ -38,16 +38,26 @@ class TurnPPO(CriticSchedule):
         whiten_equal_returns: Whiten a batch whose episodes all have the same return too (true, the usual PPO
             rule); false leaves its advantages R − V unscaled (the critic's error: small), where whitening makes
             them unit-sized noise (docs/algorithms/update.md, "Batches with one return").
+        zero_critic: Replace the learned critic by V ≡ 0: no critic is built, scored or trained (no value loss,
+            no critic optimizer), so each turn's advantage is its (γλ-discounted) return-to-go, whitened over the
+            batch: the batch baseline alone, the ablation that separates a learned baseline from a batch one
+            (docs/algorithms/turn_ppo.md, "A zero critic"). Meant with λ = 1: with λ < 1 and V = 0 the advantage
+            discards most of the return. Needs ``value_warmup_epochs: 0``.
     """
 
     def __init__(self, gamma: float = 1.0, lam: float = 1.0, group_size: int = 1, whiten_advantages: bool = True,
                  ppo: PPOSettings | None = None, value_warmup_epochs: int = 0,
-                 whiten_equal_returns: bool = True) -> None:
+                 whiten_equal_returns: bool = True, zero_critic: bool = False) -> None:
+        if zero_critic and value_warmup_epochs:
+            raise ValueError(f"algorithm.value_warmup_epochs must be 0 with zero_critic: true (no critic to warm "
+                             f"up), got {value_warmup_epochs}")
         super().__init__(gamma, lam, group_size, whiten_advantages, ppo, value_warmup_epochs, whiten_equal_returns)
+        self.zero_critic = zero_critic
+        self.needs_critic = not zero_critic
 
     def critic_targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
         """Advantages and returns from the critic's values *before* any policy update of this step."""
-        values = learner.values(ok, keys_of(ok))
+        values = learner.values(ok, keys_of(ok)) if self.needs_critic else {k: [0.0] for k in keys_of(ok)}
         B, T = len(ok), max(t.num_turns for t in ok)
         rewards, v, mask = torch.zeros(B, T), torch.zeros(B, T), torch.zeros(B, T, dtype=torch.bool)
         for b, traj in enumerate(ok):
