@@ -184,6 +184,9 @@ def second_server(vllm_python: Path, tiny_vllm_model: Path,
 def test_two_servers_pin_episodes_and_both_get_every_push(vllm_server: VLLMServer, second_server: VLLMServer,
                                                           tiny_vllm_model: Path, tmp_path: Path) -> None:
     urls = [vllm_server.url, second_server.url]
+    for url in urls:  # adapters earlier tests left on the shared server: the listings below are this run's only
+        for name in _models(url)[1:]:
+            httpx.post(url + "/v1/unload_lora_adapter", json={"lora_name": name}, timeout=30).raise_for_status()
     spec = _RoutedSpec(urls, adapter_dir=str(tmp_path / "adapters"), logprobs_mode="processed_logprobs")
     before = {u: _requests_served(u) for u in urls}
     adapters = _AdaptersAfterPush(urls)
