@@ -34,7 +34,8 @@ def tiny_vllm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def vllm_server(vllm_python: Path, tiny_vllm_model: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    """One vLLM server on the tiny model, shared by the tier (tests that kill a server start their own)."""
+    """One vLLM server on the tiny model, shared by the tier (the mid-fit restart test restarts it on its port, in
+    place; the engine-level restart test starts its own)."""
     server = start_vllm(vllm_python, tiny_vllm_model, tmp_path_factory.mktemp("vllm-log"))
     yield server
     server.stop()

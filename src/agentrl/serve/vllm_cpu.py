@@ -55,14 +55,25 @@ def server_env(kv_cache_gib: float, *, base: dict[str, str] | None = None,
                cpus: Sequence[int] | None = None) -> dict[str, str]:
     """The server's environment: ``base`` (default: this one) with the CPU variables set (see the module doc)."""
     env = dict(os.environ if base is None else base)
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    if float(kv_cache_gib).is_integer():  # else the size is a flag (`kv_cache_flags`)
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
     env.update({
-        "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
         "VLLM_CPU_OMP_THREADS_BIND": thread_binding(cpus),
         "PYTHONUNBUFFERED": "1",
         "TOKENIZERS_PARALLELISM": "false",
     })
     return env
+
+
+def kv_cache_flags(kv_cache_gib: float) -> list[str]:
+    """The vLLM flags for a KV cache of ``kv_cache_gib``: none for a whole number of GiB (``server_env`` sets
+    ``VLLM_CPU_KVCACHE_SPACE``, which vLLM reads as an integer and which overrides the flag), else
+    ``--kv-cache-memory-bytes`` (``server_env`` then leaves the variable unset)."""
+    if not kv_cache_gib > 0:
+        raise ValueError(f"--kv-cache-gib must be > 0 (GiB of KV cache), got {kv_cache_gib}")
+    return [] if float(kv_cache_gib).is_integer() else ["--kv-cache-memory-bytes", str(int(kv_cache_gib * 2**30))]
 
 
 def server_command(python: str, model_dir: str, port: int, *, served_name: str = "smol", max_lora_rank: int = 8,
@@ -137,7 +148,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="where a GGUF model is exported as an HF folder (default: vllm-models/<model name>)")
     p.add_argument("--port", type=int, default=8011)
     p.add_argument("--served-model-name", default="smol")
-    p.add_argument("--kv-cache-gib", type=float, default=2.0, help="VLLM_CPU_KVCACHE_SPACE (default: %(default)s)")
+    p.add_argument("--kv-cache-gib", type=float, default=2.0,
+                   help="GiB of KV cache (VLLM_CPU_KVCACHE_SPACE; a fraction such as 0.25 is passed as "
+                        "--kv-cache-memory-bytes; default: %(default)s)")
     p.add_argument("--max-lora-rank", type=int, default=8)
     p.add_argument("--max-loras", type=int, default=2)
     p.add_argument("--dtype", default="bfloat16")
@@ -161,7 +174,8 @@ def vllm_serve_main(argv: Sequence[str]) -> int:
     api_key = args.api_key or os.environ.get("AGENTRL_API_KEY")
     cmd = server_command(str(python.absolute()), str(model_dir), args.port, served_name=args.served_model_name,
                          max_lora_rank=args.max_lora_rank, max_loras=args.max_loras, dtype=args.dtype,
-                         max_model_len=args.max_model_len, api_key=api_key, extra=args.extra)
+                         max_model_len=args.max_model_len, api_key=api_key,
+                         extra=[*kv_cache_flags(args.kv_cache_gib), *args.extra])
     env = server_env(args.kv_cache_gib)
     out = open(args.log, "ab") if args.log else None  # noqa: SIM115 - held for the server's lifetime
     began = time.monotonic()
