@@ -41,7 +41,8 @@ STEP_KEYS = ("perf/step_seconds", "perf/rollout_tokens_per_s", "perf/train_token
              "perf/engine_push_s", "perf/engine_weights_mib", "rollout/reward", "rollout/success",
              "rollout/logprob_mismatch_kl", "rollout/recomputed_tokens", "train/approx_kl", "train/entropy",
              "perf/rss_mib", "perf/peak_rss_mib", "perf/collecting_peak_rise_mib", "perf/scoring_peak_rise_mib",
-             "perf/updating_peak_rise_mib", "perf/between_peak_rise_mib")
+             "perf/updating_peak_rise_mib", "perf/between_peak_rise_mib", "rollout/staleness_mean",
+             "rollout/staleness_max", "perf/trainer_wait_frac", "perf/engine_idle_frac")
 # the run's own lines that split its wall time (agentrl.training.command.progress, agentrl.training.system.evaluation)
 MARKS = {"base_eval_done": re.compile(r"^\[agentrl\] base evaluation"), "first_step": re.compile(r"^step\s+1/"),
          "last_step": re.compile(r"^step\s+(\d+)/\1\b"),

@@ -28,12 +28,13 @@ import torch
 from benchmarks.rollout_throughput import conversation, observation_ids
 
 from agentrl.engines.base import RolloutEngine, SamplingParams
-from agentrl.engines.hf import HFEngine
+from agentrl.engines.specs import HFEngineSpec
 from agentrl.engines.vllm import VLLMEngine
 from agentrl.models.policy import LoRASettings, Policy
 from agentrl.models.precision import cpu_identity
 
 LORA = LoRASettings(r=8, alpha=16, target_modules=["q_proj", "v_proj"])
+ENGINES = ("embedded", "agentrl_serve", "vllm_cpu")
 
 
 def run(engine: RolloutEngine, policy: Policy, episodes: int, turns: int, max_tokens: int) -> dict[str, Any]:
@@ -76,8 +77,12 @@ def main() -> None:
     parser.add_argument("--adapter-root", type=Path, default=None,
                         help="where pushed adapters go (inside agentrl serve's --lora-modules-root)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/vllm/rollout_engines.json"))
+    parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES),
+                        help="run these only; the others' figures already in --out are kept")
     args = parser.parse_args()
     policy = Policy("smollm2-135m-instruct", lora=LORA)
+    policy.model.eval()  # as the trainer collects: no dropout
+    spec = HFEngineSpec()
     result: dict[str, Any] = {
         "workload": {"episodes": args.episodes, "turns": args.turns, "max_tokens": args.max_tokens,
                      "model": "smollm2-135m-instruct", "lora": "r8 q_proj v_proj, B = 0", "temperature": 1.0},
@@ -86,14 +91,18 @@ def main() -> None:
     }
     adapters = args.adapter_root or Path(tempfile.mkdtemp(prefix="rollout-engines-"))
     engines: dict[str, RolloutEngine] = {
-        "embedded": HFEngine(policy),
+        # built as `agentrl fit` builds it (weights and decode dtype resolved for this policy and CPU)
+        "embedded": spec.build(policy),
         "agentrl_serve": VLLMEngine([args.serve_url], adapter_dir=str(adapters / "serve"),
                                     logprobs_mode="processed_logprobs"),
         "vllm_cpu": VLLMEngine([args.vllm_url], adapter_dir=str(adapters / "vllm"),
                                logprobs_mode="processed_logprobs"),
     }
-    for name, engine in engines.items():
-        result[name] = run(engine, policy, args.episodes, args.turns, args.max_tokens)
+    result["embedded_resolved"] = spec.resolved(policy)
+    kept = json.loads(args.out.read_text()) if args.out.exists() else {}
+    result |= {name: kept[name] for name in ENGINES if name not in args.engines and name in kept}
+    for name in args.engines:
+        result[name] = run(engines[name], policy, args.episodes, args.turns, args.max_tokens)
         print(name, result[name], flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

