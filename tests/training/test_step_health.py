@@ -151,4 +151,4 @@ def test_the_busy_machine_hint_names_the_knobs_only_when_oversubscribed() -> Non
     assert oversubscribed(3.0, threads=2, cores=2) is None  # the run's own helper thread
     hint: Any = oversubscribed(15.2, threads=2, cores=2)
     assert hint.startswith("  machine busy: load 15.2 on 2 cores (2 torch threads here)")
-    assert "OMP_NUM_THREADS" in hint and "model.micro_batch_tokens" in hint
+    assert "OMP_NUM_THREADS=1" in hint and "data.batch_size" in hint

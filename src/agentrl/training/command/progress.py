@@ -116,8 +116,9 @@ def oversubscribed(load: float, threads: int, cores: int) -> str | None:
     if load <= max(cores, threads) + 1:
         return None
     return (f"  machine busy: load {load:.1f} on {cores} cores ({threads} torch threads here), so steps take longer "
-            "than documented; with other jobs running, OMP_NUM_THREADS=1 or 2 avoids thread contention, and "
-            "a smaller model.micro_batch_tokens or data.batch_size makes each step lighter (docs/operations.md)")
+            "than documented; with other jobs running, start with OMP_NUM_THREADS=1 (torch threads on busy cores wait "
+            "on each other: several times slower), and a smaller data.batch_size makes each step lighter "
+            "(docs/operations.md)")
 
 
 def _machine_hint() -> str | None:
