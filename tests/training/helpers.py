@@ -64,6 +64,17 @@ class GradProbe(pl.Callback):
                 self.grads[name] = p.grad.detach().clone()
 
 
+class PolicyLRs(pl.Callback):
+    """The policy optimizer's learning rate at every optimizer step that runs."""
+
+    def __init__(self) -> None:
+        self.lrs: list[float] = []
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: Any, optimizer: Any) -> None:
+        if optimizer is trainer.optimizers[0]:
+            self.lrs.append(float(optimizer.param_groups[0]["lr"]))
+
+
 def make_module(schedule: Schedule, *, seed: int = 0, **kw: Any) -> AgentRLModule:
     kw.setdefault("peak_flops", 1e11)
     pl.seed_everything(seed, verbose=False)  # the critic head's initialisation draws from the global generator

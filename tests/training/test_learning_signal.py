@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -21,7 +20,7 @@ from agentrl.training.update.batching import TurnTargets, collate, pack_rows
 from agentrl.training.update.settings import OptimSettings, PPOSettings
 from agentrl.types import Trajectory
 from tests.training.exactness_run import _trajectory, fixed_schedule
-from tests.training.helpers import fit, letter_data, make_module
+from tests.training.helpers import PolicyLRs, fit, letter_data, make_module
 from tests.training.test_evaluation import Recorder
 from tests.training.test_update_rules import _tied_groups
 
@@ -32,17 +31,6 @@ def _behaviour_from_policy(module: Any, trajs: list[Trajectory]) -> None:
         lp = module.logprobs([t], [(0, turn.index) for turn in t.turns])
         for turn in t.turns:
             turn.logprobs = lp[(0, turn.index)]
-
-
-class StepLog(pl.Callback):
-    """The policy optimizer's learning rate at every optimizer step that runs."""
-
-    def __init__(self) -> None:
-        self.lrs: list[float] = []
-
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: Any, optimizer: Any) -> None:
-        if optimizer is trainer.optimizers[0]:
-            self.lrs.append(float(optimizer.param_groups[0]["lr"]))
 
 
 @pytest.mark.parametrize("minibatch_size", [None, 1])
@@ -176,7 +164,7 @@ def test_target_kl_stops_the_update_at_the_first_minibatch_over_it() -> None:
     for target in (None, 1e-9):
         ppo = PPOSettings(epochs=4, target_kl=target)
         module = make_module(GRPO(group_size=2, ppo=ppo), optim=OptimSettings(lr=1e-3))
-        log = StepLog()
+        log = PolicyLRs()
         fit(module, letter_data(batch_size=4, steps=1), callbacks=[log])
         steps[target] = (len(log.lrs), module.last_metrics["train/optimizer_steps"],
                          module.last_metrics.get("train/early_stopped", 0.0))
@@ -196,7 +184,7 @@ def test_the_learning_rate_scales_with_the_informative_samples_of_an_update() ->
                                             ppo=PPOSettings(epochs=1, lr_reference_samples=reference)),
                              optim=OptimSettings(lr=1e-3))
         _behaviour_from_policy(module, batch)
-        log = StepLog()
+        log = PolicyLRs()
         fit(module, letter_data(batch_size=2, steps=1), callbacks=[log])
         seen[reference] = (log.lrs, module.last_metrics["train/informative_samples"])
         assert module.trainer.optimizers[0].param_groups[0]["lr"] == 1e-3  # restored after the update
@@ -215,7 +203,7 @@ def test_each_optimizer_step_is_sized_by_the_informative_samples_behind_it() -> 
     ppo = PPOSettings(epochs=1, minibatch_size=1, lr_reference_samples=12)
     module = make_module(fixed_schedule(GRPO, [batch], group_size=2, ppo=ppo), optim=OptimSettings(lr=1e-3))
     _behaviour_from_policy(module, batch)
-    log = StepLog()
+    log = PolicyLRs()
     fit(module, letter_data(batch_size=2, steps=1), callbacks=[log])
     assert sorted(log.lrs) == pytest.approx([1e-3 * 1 / 12, 1e-3 * 2 / 12], abs=1e-12)
     assert module.last_metrics["train/informative_samples"] == 3.0

@@ -14,7 +14,7 @@ from agentrl.training.system.module import AgentRLModule
 from agentrl.training.update.batching import TurnTargets, collate, pack_rows
 from agentrl.training.update.settings import OptimSettings, PPOSettings
 from agentrl.types import Trajectory
-from tests.training.helpers import LetterAgent, fit, letter_data
+from tests.training.helpers import LetterAgent, PolicyLRs, fit, letter_data
 
 
 class RecordingModule(AgentRLModule):
@@ -171,17 +171,6 @@ def test_generated_success_pools_trunks_and_every_sibling() -> None:
     assert m["rollout/generated_success"] != pytest.approx(m["rollout/success"])  # and differs from trunks alone
 
 
-class _PolicyLRs(pl.Callback):
-    """The policy optimizer's learning rate at every optimizer step that runs."""
-
-    def __init__(self) -> None:
-        self.lrs: list[float] = []
-
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: Any, optimizer: Any) -> None:
-        if optimizer is trainer.optimizers[0]:
-            self.lrs.append(float(optimizer.param_groups[0]["lr"]))
-
-
 class _InformativeModule(RecordingModule):
     """The real module, keeping each depth update's informative samples (one minibatch a depth here)."""
 
@@ -200,7 +189,7 @@ def _policy_lrs(algo: RTPO, lr: float) -> tuple[list[float], list[float]]:
 
     pl.seed_everything(0, verbose=False)
     module = _InformativeModule(Policy("tiny-random"), algo, peak_flops=1e11, optim=OptimSettings(lr=lr))
-    log = _PolicyLRs()
+    log = PolicyLRs()
     fit(module, letter_data(batch_size=3, steps=2), callbacks=[log])
     assert module.trainer.optimizers[0].param_groups[0]["lr"] == lr  # the configured rate is left as it was
     return log.lrs, module.informative
