@@ -3,9 +3,11 @@ time on the same machine (issue 59).
 
 Jobs (``--job``):
 
-- ``main``: ``configs/rtpo_vllm.yaml`` (RTPO, SmolLM2 with LoRA r = 8) with its ``base_urls`` at the server
-  (side ``vllm``), against the same config with the engine replaced by the embedded ``HFEngineSpec`` (side
-  ``embedded``) and, if asked (``--sides ... default``), the LoRA-free default ``configs/rtpo.yaml``;
+- ``main``: the main job, ``configs/rtpo.yaml`` (RTPO on guess-the-number 1-10, 15 steps, 32 held-out games before
+  and after), with the LoRA policy and rates of ``configs/rtpo_vllm.yaml`` (r = 8 on q/v, lr 1e-4: vLLM is pushed
+  LoRA adapters only) and its rollouts on the server (side ``vllm``), against the same config on the embedded
+  ``HFEngineSpec`` (side ``embedded``) and, if asked (``--sides ... default``), ``configs/rtpo.yaml`` as it is
+  (full weights);
 - ``async``: ``configs/grpo.yaml`` with the same LoRA policy and its rollouts on the server, synchronous
   (``data.max_staleness: 0``, side ``sync``) against asynchronous (``max_staleness: 1``, side ``async``).
 
@@ -60,11 +62,15 @@ def side_configs(job: str, url: str, workdir: Path) -> dict[str, dict[str, Any]]
         return dict(yaml.safe_load((ROOT / "configs" / name).read_text()))
 
     if job == "main":
-        on_vllm = load("rtpo_vllm.yaml")
-        on_vllm["model"]["engine"] = vllm_engine(url, workdir / "vllm" / "adapters")
-        embedded = load("rtpo_vllm.yaml")
-        embedded["model"]["engine"] = EMBEDDED
-        return {"vllm": on_vllm, "embedded": embedded, "default": load("rtpo.yaml")}
+        lora = load("rtpo_vllm.yaml")["model"]
+        sides = {}
+        for name, engine in (("vllm", vllm_engine(url, workdir / "vllm" / "adapters")), ("embedded", EMBEDDED)):
+            config = load("rtpo.yaml")  # the main job ...
+            config["model"]["policy"] = lora["policy"]  # ... with rtpo_vllm.yaml's LoRA policy and its rates
+            config["model"]["optim"] = lora["optim"]
+            config["model"]["engine"] = engine
+            sides[name] = config
+        return sides | {"default": load("rtpo.yaml")}
     sides = {}
     for name, staleness in (("sync", 0), ("async", 1)):
         config = load("grpo.yaml")

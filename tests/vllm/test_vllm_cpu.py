@@ -150,6 +150,31 @@ def test_a_push_the_server_ignores_stops_with_the_push_error(vllm_server: VLLMSe
     asyncio.run(engine.shutdown())
 
 
+def test_a_second_run_on_the_same_adapter_folder_is_not_served_the_first_runs_cache(
+        vllm_server: VLLMServer, tiny_vllm_model: Path, tmp_path: Path) -> None:
+    """Two runs one after the other against one server, both with ``adapter_dir`` = the same folder (the config
+    default ``adapters``), each pushing its own ``agentrl-v1``. vLLM keys cached prefix blocks on the adapter's name
+    and path and keeps them after an unload: were both pushes written to ``<adapter_dir>/agentrl-v1``, the second
+    run's long prompt would be served the first run's key/value blocks (a gap of 0.33 nats measured, while the
+    push probe, whose prompt is shorter than a block, passed). Each engine writes to its own `push_dir`."""
+    prompt = _prompt(600, 5)  # several cache blocks
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=())
+    gaps, dirs = [], []
+    for run in range(2):
+        torch.manual_seed(7)  # the same LoRA A init in both runs; B moved differently
+        policy = Policy(str(tiny_vllm_model), lora=LORA)
+        _move_lora(policy, seed=10 + run, scale=0.1)
+        engine = _engine(vllm_server, adapter_dir=str(tmp_path / "adapters"))
+        asyncio.run(engine.update_weights(policy, version=1))
+        out = asyncio.run(engine.generate(prompt, greedy, session="a"))
+        gaps.append(_gap(policy, prompt, out))
+        dirs.append(engine.push_dir)
+        asyncio.run(engine._unload(vllm_server.url, "agentrl-v1"))  # the run ends; the server stays up
+        asyncio.run(engine.shutdown())
+    assert dirs[0] != dirs[1] and all(d is not None and d.parent == tmp_path / "adapters" for d in dirs)
+    assert max(gaps) < TOLERANCE, gaps  # each run is served its own weights, the long prompt included
+
+
 def test_a_restarted_server_gets_the_adapter_again_verified(vllm_python: Path, tiny_vllm_model: Path,
                                                             tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     server = start_vllm(vllm_python, tiny_vllm_model, tmp_path)

@@ -12,9 +12,13 @@
   A server that lost the adapter (it restarted) gets it pushed again and the request is sent once more.
 * **Pushes while requests are in flight** (``data.max_staleness`` >= 1): a request a push overtook is resent naming
   the new adapter; the previous adapter is unloaded once no request names it.
-* **Weight sync is a LoRA hot-load.** ``update_weights`` saves the adapter to ``adapter_dir/agentrl-v<N>``, posts
-  ``/v1/load_lora_adapter`` to every server, routes later requests to it, then unloads and deletes the previous
-  one (server flags in docs/vllm.md). Full-weight sync is not implemented: preflight refuses a policy without LoRA.
+* **Weight sync is a LoRA hot-load.** ``update_weights`` saves the adapter to ``adapter_dir/<run>/agentrl-v<N>``,
+  posts ``/v1/load_lora_adapter`` to every server, routes later requests to it, then unloads and deletes the
+  previous one (server flags in docs/vllm.md). Full-weight sync is not implemented: preflight refuses a policy
+  without LoRA. ``<run>`` is a folder of this engine's own (`VLLMEngine.push_dir`): vLLM keys its prefix cache on
+  the adapter's name *and path*, and keeps cached blocks after an unload, so a second run (or a resumed one) that
+  pushed ``agentrl-v1`` to the same path as the first would be served key/value blocks computed with the first
+  run's weights. A new path per engine makes those keys new.
 * **Every push verified.** Before any request names the new adapter, every server decodes a fixed prompt greedily
   under it and the trainer scores those tokens with the pushed policy (`agentrl.engines.push_check`): a server
   that answers with other weights raises `PushNotApplied` naming its URL, the adapter and the version.
@@ -28,9 +32,10 @@ import hashlib
 import itertools
 import logging
 import os
+import secrets
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +78,8 @@ class VLLMEngine:
 
     Args:
         base_urls: Server URLs (``http://host:port``, without ``/v1``).
-        adapter_dir: Folder for pushed adapters, readable by every server (required for ``update_weights``).
+        adapter_dir: Folder for pushed adapters, readable by every server (required for ``update_weights``). Each
+            engine writes into a new subfolder of it, `push_dir`.
         api_key: Bearer token of the servers (default: ``$AGENTRL_API_KEY``).
         timeout: Seconds one call may take in all (a whole completion; retries and backoff included).
         connect_timeout: Seconds to establish a connection.
@@ -99,6 +105,10 @@ class VLLMEngine:
         self.logprobs_mode = logprobs_mode
         self.base_urls = [u.rstrip("/") for u in base_urls]
         self.adapter_dir = Path(adapter_dir).resolve() if adapter_dir else None
+        self.push_dir = (self.adapter_dir / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+                         if self.adapter_dir else None)
+        """Where this engine's adapters are written: a folder of its own, so that no server meets one of its
+        (name, path) pairs from an earlier run in its prefix cache (module docstring)."""
         self.api_key = api_key or os.environ.get(API_KEY_ENV) or None
         self.deadline = float(timeout)
         self.timeout = httpx.Timeout(timeout, connect=min(connect_timeout, timeout))
@@ -106,6 +116,7 @@ class VLLMEngine:
         self.unload_previous = unload_previous
         self.push_check = push_check
         self.push_check_seconds = 0.0  # the probes' wall time, summed over pushes (part of each push's time)
+        self.probe_retries = 0  # failed probes that were repeated (and then passed, or the push was refused)
         self.last_probe: list[ProbeResult] = []
         self._probe_ids: list[int] | None = None
         self._expected: tuple[str, list[int], pcheck.TrainerScores] | None = None  # the last verified push
@@ -200,13 +211,13 @@ class VLLMEngine:
     async def update_weights(self, policy: Any, *, version: int | None = None) -> None:
         """Save the policy's LoRA adapter and hot-load it on every server as ``agentrl-v<version>``."""
         check_lora(bool(getattr(policy, "uses_lora", False)))
-        if self.adapter_dir is None:
+        if self.push_dir is None:
             raise ValueError("VLLMEngine.update_weights needs adapter_dir (model.engine.init_args.adapter_dir): a "
                              "folder the servers can read")
         await self._ensure_info()
         new_version = self._version + 1 if version is None else int(version)
         name = f"agentrl-v{new_version}"
-        path = self.adapter_dir / name
+        path = self.push_dir / name
         await asyncio.to_thread(_save_adapter, policy, path)
         self._pushing = asyncio.get_running_loop().create_future()
         try:
@@ -222,31 +233,52 @@ class VLLMEngine:
             while self._in_flight[previous]:  # requests still decoding with it (vLLM keeps it while they run)
                 await asyncio.sleep(0.01)
             await asyncio.gather(*(self._unload(url, previous) for url in self.base_urls))
-            shutil.rmtree(self.adapter_dir / previous, ignore_errors=True)
+            shutil.rmtree(self.push_dir / previous, ignore_errors=True)
 
     async def _verify(self, policy: Any, name: str, version: int, check: PushCheck) -> None:
         """The parity probe of `agentrl.engines.push_check` on every server: `PushNotApplied` names the first
-        server whose greedy ids or log-probs under ``name`` are not the trainer's. The trainer's scores are kept
-        to verify a later re-push of the same adapter (a restarted server) without the policy."""
+        server whose greedy ids or log-probs under ``name`` are not the trainer's at each of ``check.attempts``
+        probes. The trainer's scores are kept to verify a later re-push of the same adapter (a restarted server)
+        without the policy."""
         began = time.perf_counter()
         if self._probe_ids is None:
             self._probe_ids = pcheck.probe_prompt(policy.tokenizer)
         prompt = self._probe_ids
-        done = await asyncio.gather(*(self._probe(url, name, version, check) for url in self.base_urls))
-        served = time.perf_counter() - began
-        results, scored = [], {}
-        for url, out in zip(self.base_urls, done, strict=True):
-            key = tuple(out.token_ids)
-            if key not in scored:  # servers that agree on the ids share one trainer forward
-                scored[key] = await asyncio.to_thread(pcheck.trainer_scores, policy, prompt, out.token_ids)
-            results.append(pcheck.compare(url, name, version, out.token_ids, out.logprobs, scored[key], check))
+        scored: dict[tuple[int, ...], pcheck.TrainerScores] = {}  # servers that agree on the ids share one forward
+
+        async def score(ids: list[int]) -> pcheck.TrainerScores:
+            if tuple(ids) not in scored:
+                scored[tuple(ids)] = await asyncio.to_thread(pcheck.trainer_scores, policy, prompt, ids)
+            return scored[tuple(ids)]
+
+        async def verdict(url: str, out: Completion) -> ProbeResult:
+            return pcheck.compare(url, name, version, out.token_ids, out.logprobs, await score(out.token_ids), check)
+
+        results = list(await asyncio.gather(*(self._probed(url, name, version, check, verdict)
+                                              for url in self.base_urls)))
         self._expected = (name, results[0].token_ids, scored[tuple(results[0].token_ids)])
         self.last_probe = results
         spent = time.perf_counter() - began
         self.push_check_seconds += spent
-        log.info("push v%d verified on %d server(s) in %.3f s (servers %.3f s, trainer %.3f s): largest log-prob "
-                 "gap %.4f", version, len(results), spent, served, spent - served,
-                 max(r.max_abs_diff for r in results))
+        log.info("push v%d verified on %d server(s) in %.3f s: largest log-prob gap %.4f", version, len(results),
+                 spent, max(r.max_abs_diff for r in results))
+
+    async def _probed(self, url: str, name: str, version: int, check: PushCheck,
+                      verdict: Callable[[str, Completion], Awaitable[ProbeResult]]) -> ProbeResult:
+        """Probe ``url`` under ``name`` and judge it with ``verdict``; a failed probe is repeated up to
+        ``check.attempts`` probes in all (`agentrl.engines.push_check`: a transient departure on a busy CPU is not
+        repeated, a server on other weights fails every probe). The last failure is raised."""
+        for attempt in range(1, check.attempts + 1):
+            out = await self._probe(url, name, version, check)
+            try:
+                return await verdict(url, out)
+            except PushNotApplied as exc:
+                if attempt == check.attempts:
+                    raise
+                self.probe_retries += 1
+                log.warning("push v%d probe %d of %d on %s failed, probing again: %s", version, attempt,
+                            check.attempts, url, exc.detail)
+        raise AssertionError("unreachable: attempts >= 1")
 
     async def _probe(self, url: str, name: str, version: int, check: PushCheck) -> Completion:
         """The probe prompt decoded greedily by ``url`` under adapter ``name`` (EOS ignored)."""
@@ -261,9 +293,12 @@ class VLLMEngine:
         if self.push_check is None or self._expected is None or self._expected[0] != name:
             return
         _, ids, scores = self._expected
-        out = await self._probe(url, name, self._version, self.push_check)
-        result = pcheck.compare(url, name, self._version, out.token_ids, out.logprobs, scores, self.push_check,
-                                scored_ids=ids)
+        check = self.push_check
+
+        async def verdict(url: str, out: Completion) -> ProbeResult:
+            return pcheck.compare(url, name, self._version, out.token_ids, out.logprobs, scores, check, scored_ids=ids)
+
+        result = await self._probed(url, name, self._version, check, verdict)
         log.info("re-push of %s to %s verified: largest log-prob gap %.4f", name, url, result.max_abs_diff)
 
     async def shutdown(self) -> None:
@@ -359,7 +394,7 @@ class VLLMEngine:
 
     def _adapter_lost(self, exc: EngineRequestError, model: str) -> bool:
         """A 404 naming the pushed adapter: the server no longer has it (it restarted since the push)."""
-        return (exc.status == 404 and model == self._adapter and self.adapter_dir is not None
+        return (exc.status == 404 and model == self._adapter and self.push_dir is not None
                 and model in str(exc) and "does not exist" in str(exc))
 
     async def _reload_adapter(self, url: str, name: str) -> None:
@@ -368,15 +403,15 @@ class VLLMEngine:
         pending = self._reloading.get(key)
         if pending is None:
             log.warning("server %s lost adapter %s (restarted?): pushing it again", url, name)
-            assert self.adapter_dir is not None
+            assert self.push_dir is not None
             pending = asyncio.ensure_future(self._load_verified(url, name))
             self._reloading[key] = pending
             pending.add_done_callback(lambda _: self._reloading.pop(key, None))
         await asyncio.shield(pending)
 
     async def _load_verified(self, url: str, name: str) -> None:
-        assert self.adapter_dir is not None
-        await self._load(url, name, self.adapter_dir / name, replace=False)
+        assert self.push_dir is not None
+        await self._load(url, name, self.push_dir / name, replace=False)
         await self._verify_repush(url, name)
 
     async def _unload(self, url: str, name: str) -> None:
@@ -404,15 +439,18 @@ class VLLMEngineSpec:
         verify_push: Probe every server after every push (`agentrl.engines.push_check`); keep it on.
         push_tolerance: Largest accepted gap between a server's and the trainer's probe log-probs (nats).
         probe_tokens: Greedy tokens the probe decodes.
+        probe_attempts: Probes of a server before its push is refused (a failed probe is repeated).
     """
 
     def __init__(self, base_urls: list[str], adapter_dir: str = "adapters", api_key: str | None = None,
                  timeout: float = 300.0, retries: int = 3, backoff: float = 0.5, max_context: int | None = None,
                  model: str | None = None, unload_previous: bool = True,
                  logprobs_mode: LogprobsMode = "raw_logprobs", verify_push: bool = True,
-                 push_tolerance: float = PushCheck.tolerance, probe_tokens: int = PushCheck.tokens) -> None:
+                 push_tolerance: float = PushCheck.tolerance, probe_tokens: int = PushCheck.tokens,
+                 probe_attempts: int = PushCheck.attempts) -> None:
         lpm.check_mode_name(logprobs_mode)
-        self.push_check = PushCheck(tokens=probe_tokens, tolerance=push_tolerance) if verify_push else None
+        self.push_check = (PushCheck(tokens=probe_tokens, tolerance=push_tolerance, attempts=probe_attempts)
+                           if verify_push else None)
         if not base_urls or any(not u.startswith(("http://", "https://")) for u in base_urls):
             raise ValueError(f"engine.base_urls must be http(s) URLs, got {base_urls!r}")
         if timeout <= 0:
