@@ -79,6 +79,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/vllm/rollout_engines.json"))
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES),
                         help="run these only; the others' figures already in --out are kept")
+    parser.add_argument("--note", default=None, help="how the run was set up (threads, pinning, what ran beside)")
     args = parser.parse_args()
     policy = Policy("smollm2-135m-instruct", lora=LORA)
     policy.model.eval()  # as the trainer collects: no dropout
@@ -101,6 +102,8 @@ def main() -> None:
     result["embedded_resolved"] = spec.resolved(policy)
     kept = json.loads(args.out.read_text()) if args.out.exists() else {}
     result |= {name: kept[name] for name in ENGINES if name not in args.engines and name in kept}
+    if args.note or "note" in kept:
+        result["note"] = args.note or kept["note"]
     for name in args.engines:
         result[name] = run(engines[name], policy, args.episodes, args.turns, args.max_tokens)
         print(name, result[name], flush=True)
