@@ -8,7 +8,7 @@ Jobs (``--job``):
   LoRA adapters only) and its rollouts on the server (side ``vllm``), against the same config on the embedded
   ``HFEngineSpec`` (side ``embedded``) and, if asked (``--sides ... default``), ``configs/rtpo.yaml`` as it is
   (full weights);
-- ``async``: ``configs/grpo.yaml`` with the same LoRA policy and its rollouts on the server, synchronous
+- ``async``: ``configs/grpo.yaml`` with the same LoRA policy and policy rate and its rollouts on the server, synchronous
   (``data.max_staleness: 0``, side ``sync``) against asynchronous (``max_staleness: 1``, side ``async``).
 
 Each side runs under GNU ``time -v`` in its own folder (``benchmarks/main_job.py``'s `Side`: wall, CPU and the
@@ -46,7 +46,6 @@ from main_job import Side, command, gnu_time, mlflow_figures, phases
 from agentrl.models.precision import cpu_identity
 
 ROOT = Path(__file__).resolve().parents[1]
-LORA = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
 EMBEDDED = {"class_path": "agentrl.engines.specs.HFEngineSpec"}
 
 
@@ -61,8 +60,8 @@ def side_configs(job: str, url: str, workdir: Path) -> dict[str, dict[str, Any]]
     def load(name: str) -> dict[str, Any]:
         return dict(yaml.safe_load((ROOT / "configs" / name).read_text()))
 
+    lora = load("rtpo_vllm.yaml")["model"]  # the LoRA policy and rates of the vLLM config
     if job == "main":
-        lora = load("rtpo_vllm.yaml")["model"]
         sides = {}
         for name, engine in (("vllm", vllm_engine(url, workdir / "vllm" / "adapters")), ("embedded", EMBEDDED)):
             config = load("rtpo.yaml")  # the main job ...
@@ -74,7 +73,8 @@ def side_configs(job: str, url: str, workdir: Path) -> dict[str, dict[str, Any]]
     sides = {}
     for name, staleness in (("sync", 0), ("async", 1)):
         config = load("grpo.yaml")
-        config["model"]["policy"]["init_args"]["lora"] = LORA
+        config["model"]["policy"] = lora["policy"]
+        config["model"]["optim"] = {"lr": lora["optim"]["lr"]}
         config["model"]["engine"] = vllm_engine(url, workdir / name / "adapters")
         config["data"]["max_staleness"] = staleness
         sides[name] = config
