@@ -180,8 +180,8 @@ def test_a_second_run_on_the_same_adapter_folder_is_not_served_the_first_runs_ca
         dirs.append(engine.push_dir)
         asyncio.run(engine._unload(vllm_server.url, "agentrl-v1"))  # the run ends; the server stays up
         asyncio.run(engine.shutdown())
-    assert dirs[0] != dirs[1] and all(d is not None and d.parent == tmp_path / "adapters" for d in dirs)
     assert max(gaps) < TOLERANCE, gaps  # each run is served its own weights, the long prompt included
+    assert dirs[0] != dirs[1] and all(d is not None and d.parent == tmp_path / "adapters" for d in dirs)
 
 
 def test_a_restarted_server_gets_the_adapter_again_verified(vllm_python: Path, tiny_vllm_model: Path,
