@@ -1,12 +1,17 @@
 """Servers the tests start as real subprocesses on 127.0.0.1: a free port, start and wait until ``/health``
 answers, stop (terminate, then kill). `tests.support.server` (``agentrl serve``) and
-`tests.support.mlflow_server` (``mlflow server``) are built on these."""
+`tests.support.mlflow_server` (``mlflow server``) are built on these. Each server gets SIGTERM when the test
+process that started it dies (Linux's parent-death signal), so a test run that is killed (a CI timeout, ``kill``)
+does not leave servers behind holding cores and ports; a vLLM server then stops its own engine processes."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,13 +36,24 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=20)
 
 
+_PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None  # looked up here, not in the forked child
+
+
+def _die_with_parent() -> None:
+    """In the child between fork and exec: SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG = 1). One C call
+    on a function resolved before the fork: no import, no dynamic loading in the child."""
+    assert _PRCTL is not None
+    _PRCTL(1, signal.SIGTERM)
+
+
 def start_healthy(name: str, cmd: Sequence[str], log: Path, url: str, *, timeout: float = 120.0,
                   env: Mapping[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen[bytes]:
     """Start ``cmd`` with its output in ``log`` and return once ``{url}/health`` answers 200; raise (naming it
     ``name``, with the log's tail) if it exits first or is not healthy within ``timeout`` seconds (then stopped)."""
     with log.open("wb") as out:
         proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
-                                env=dict(env) if env is not None else dict(os.environ))
+                                env=dict(env) if env is not None else dict(os.environ),
+                                preexec_fn=_die_with_parent if _PRCTL else None)  # noqa: PLW1509 - see above
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
