@@ -15,10 +15,7 @@
 * **Weight sync is a LoRA hot-load.** ``update_weights`` saves the adapter to ``adapter_dir/<run>/agentrl-v<N>``,
   posts ``/v1/load_lora_adapter`` to every server, routes later requests to it, then unloads and deletes the
   previous one (server flags in docs/vllm.md). Full-weight sync is not implemented: preflight refuses a policy
-  without LoRA. ``<run>`` is a folder of this engine's own (`VLLMEngine.push_dir`): vLLM keys its prefix cache on
-  the adapter's name *and path*, and keeps cached blocks after an unload, so a second run (or a resumed one) that
-  pushed ``agentrl-v1`` to the same path as the first would be served key/value blocks computed with the first
-  run's weights. A new path per engine makes those keys new.
+  without LoRA. ``<run>`` is a folder of this engine's own (`VLLMEngine.push_dir` says why).
 * **Every push verified.** Before any request names the new adapter, every server decodes a fixed prompt greedily
   under it and the trainer scores those tokens with the pushed policy (`agentrl.engines.push_check`): a server
   that answers with other weights raises `PushNotApplied` naming its URL, the adapter and the version.
@@ -107,8 +104,10 @@ class VLLMEngine:
         self.adapter_dir = Path(adapter_dir).resolve() if adapter_dir else None
         self.push_dir = (self.adapter_dir / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
                          if self.adapter_dir else None)
-        """Where this engine's adapters are written: a folder of its own, so that no server meets one of its
-        (name, path) pairs from an earlier run in its prefix cache (module docstring)."""
+        """Where this engine's adapters are written: a folder of its own. vLLM keys its prefix cache on the
+        adapter's name *and path* and keeps cached blocks after an unload, so a second run (or a resumed one) that
+        pushed ``agentrl-v1`` to the first run's path would be served key/value blocks computed with the first
+        run's weights; a new path per engine makes those keys new."""
         self.api_key = api_key or os.environ.get(API_KEY_ENV) or None
         self.deadline = float(timeout)
         self.timeout = httpx.Timeout(timeout, connect=min(connect_timeout, timeout))
