@@ -14,8 +14,8 @@
   the new adapter; the previous adapter is unloaded once no request names it.
 * **Weight sync is a LoRA hot-load.** ``update_weights`` saves the adapter to ``adapter_dir/<run>/agentrl-v<N>``,
   posts ``/v1/load_lora_adapter`` to every server, routes later requests to it, then unloads and deletes the
-  previous one (server flags in docs/vllm.md). Full-weight sync is not implemented: preflight refuses a policy
-  without LoRA. ``<run>`` is a folder of this engine's own (`VLLMEngine.push_dir` says why).
+  previous one (server flags in docs/vllm.md). Preflight refuses a policy without LoRA (no full-weight sync).
+  ``<run>`` is a folder of this engine's own (`VLLMEngine.push_dir`: why).
 * **Every push verified.** Before any request names the new adapter, every server decodes a fixed prompt greedily
   under it and the trainer scores those tokens with the pushed policy (`agentrl.engines.push_check`): a server
   that answers with other weights raises `PushNotApplied` naming its URL, the adapter and the version.
