@@ -6,7 +6,7 @@
 * **Stops.** A ``stop_token_ids`` tuple is sent with ``ignore_eos: true``: the completion stops on exactly those ids.
 * **Log-probs.** ``logprobs_mode`` declares the server's ``--logprobs-mode``; with vLLM's default ``raw_logprobs``
   a temperature other than 1 raises `LogprobsModeError` before any rollout (`agentrl.engines.logprobs_mode`).
-* **Servers.** Each episode is pinned to one of several base URLs (by a hash of its id) for its prefix cache.
+* **Servers.** Each episode is pinned to one of several base URLs (a hash of its id) for its prefix cache.
 * **Faults.** ``timeout`` bounds a whole call (`EngineTimeout`). A request that never reached the server, or got a
   5xx, is resent with backoff up to ``retries`` times (`EngineUnavailable`); one the server timed out on is not.
   A server that lost the adapter (it restarted) gets it pushed again and the request is sent once more.
@@ -15,7 +15,7 @@
 * **Weight sync is a LoRA hot-load.** ``update_weights`` saves the adapter to ``adapter_dir/<run>/agentrl-v<N>``,
   posts ``/v1/load_lora_adapter`` to every server, routes later requests to it, then unloads and deletes the
   previous one (server flags in docs/vllm.md). Preflight refuses a policy without LoRA (no full-weight sync).
-  ``<run>`` is a folder of this engine's own (`VLLMEngine.push_dir`: why).
+  ``<run>``: this engine's own folder (`VLLMEngine.push_dir`: why).
 * **Every push verified.** Before any request names the new adapter, every server decodes a fixed prompt greedily
   under it and the trainer scores those tokens with the pushed policy (`agentrl.engines.push_check`): a server
   that answers with other weights raises `PushNotApplied` naming its URL, the adapter and the version.
