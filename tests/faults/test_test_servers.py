@@ -57,3 +57,24 @@ def test_a_server_stops_when_the_test_process_that_started_it_is_killed(tmp_path
     if alive:
         os.kill(server_pid, signal.SIGKILL)
     assert not alive, "the server outlived the killed process that started it"
+
+
+def test_a_server_started_from_a_thread_outlives_the_thread(tmp_path: Path) -> None:
+    """The parent-death signal follows the thread that forked: a server restarted in a background thread (as the
+    vLLM tier's mid-fit restart does) must not be stopped when that thread returns."""
+    import threading
+
+    from tests.support.processes import free_port, start_healthy, stop_process
+
+    port, started = free_port(), []
+    thread = threading.Thread(target=lambda: started.append(start_healthy(
+        "health", [sys.executable, "-c", HEALTH_SERVER, str(port)], tmp_path / "server.log",
+        f"http://127.0.0.1:{port}", timeout=60)))
+    thread.start()
+    thread.join()
+    try:
+        time.sleep(1.0)
+        assert started and started[0].poll() is None, "the server stopped when the thread that started it ended"
+    finally:
+        if started:
+            stop_process(started[0])

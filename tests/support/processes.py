@@ -1,8 +1,10 @@
 """Servers the tests start as real subprocesses on 127.0.0.1: a free port, start and wait until ``/health``
 answers, stop (terminate, then kill). `tests.support.server` (``agentrl serve``) and
-`tests.support.mlflow_server` (``mlflow server``) are built on these. Each server gets SIGTERM when the test
-process that started it dies (Linux's parent-death signal), so a test run that is killed (a CI timeout, ``kill``)
-does not leave servers behind holding cores and ports; a vLLM server then stops its own engine processes."""
+`tests.support.mlflow_server` (``mlflow server``) are built on these. A server started from the main thread gets
+SIGTERM when the test process dies (Linux's parent-death signal), so a test run that is killed (a CI timeout,
+``kill``) does not leave servers behind holding cores and ports; a vLLM server then stops its own engine processes.
+Linux sends that signal when the *thread* that started the child ends, so a server started from another thread (a
+restart in the background) goes without it, or it would be stopped as soon as that thread returned."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -46,6 +49,10 @@ def _die_with_parent() -> None:
     _PRCTL(1, signal.SIGTERM)
 
 
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 def start_healthy(name: str, cmd: Sequence[str], log: Path, url: str, *, timeout: float = 120.0,
                   env: Mapping[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen[bytes]:
     """Start ``cmd`` with its output in ``log`` and return once ``{url}/health`` answers 200; raise (naming it
@@ -53,7 +60,7 @@ def start_healthy(name: str, cmd: Sequence[str], log: Path, url: str, *, timeout
     with log.open("wb") as out:
         proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
                                 env=dict(env) if env is not None else dict(os.environ),
-                                preexec_fn=_die_with_parent if _PRCTL else None)  # noqa: PLW1509 - see above
+                                preexec_fn=_die_with_parent if _PRCTL and _main_thread() else None)  # noqa: PLW1509
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
