@@ -55,6 +55,7 @@ from agentrl.engines.push_check import ProbeResult, PushCheck, PushNotApplied
 from agentrl.engines.vllm_wire import completion_request, parse_completion
 from agentrl.engines.vllm_wire import error_message as _error_message
 from agentrl.engines.vllm_wire import json_body as _json
+from agentrl.engines.vllm_wire import model_info as _model_info
 from agentrl.engines.vllm_wire import reached_server as _reached_server
 from agentrl.engines.vllm_wire import save_adapter as _save_adapter
 
@@ -142,7 +143,7 @@ class VLLMEngine:
     def max_context(self) -> int:
         if self._max_context is None:  # a blocking look-up, once: the protocol's property is synchronous
             with httpx.Client(timeout=self.timeout, headers=self._headers()) as client:
-                self._max_context = min(self._model_info(client.get(f"{u}/v1/models"), u)[1]
+                self._max_context = min(_model_info(client.get(f"{u}/v1/models"), u)[1]
                                         for u in self.base_urls)
         return self._max_context
 
@@ -333,24 +334,13 @@ class VLLMEngine:
     async def _ensure_info(self) -> None:
         if self._max_context is not None and self._model is not None:
             return
-        infos = [self._model_info(await self._call("GET", u, "/v1/models"), u) for u in self.base_urls]
+        infos = [_model_info(await self._call("GET", u, "/v1/models"), u) for u in self.base_urls]
         if self._base_model is None:
             self._base_model = infos[0][0]
         if self._model is None:
             self._model = self._base_model
         if self._max_context is None:
             self._max_context = min(ctx for _, ctx in infos)
-
-    @staticmethod
-    def _model_info(response: httpx.Response, url: str) -> tuple[str, int]:
-        if response.status_code != 200:
-            raise EngineRequestError(url, response.status_code, _error_message(response))
-        data = _json(response, url, "/v1/models")
-        cards = (data.get("data") if isinstance(data, dict) else None) or []
-        lengths = [c["max_model_len"] for c in cards if c.get("max_model_len")]
-        if not cards or not lengths:
-            raise EngineProtocolError(f"{url}/v1/models lists no model with max_model_len; set engine max_context")
-        return str(cards[0]["id"]), int(lengths[0])
 
     async def _load(self, url: str, name: str, path: Path, *, replace: bool = True) -> None:
         body = {"lora_name": name, "lora_path": str(path)}

@@ -1,6 +1,6 @@
 """The wire side of `agentrl.engines.vllm.VLLMEngine`: the ``/v1/completions`` request body for token-id prompts,
-the parse of vLLM's answer into a `Completion` (token ids and log-probs as the server returned them), error bodies,
-and the atomic adapter write a server loads from."""
+the parse of vLLM's answer into a `Completion` (token ids and log-probs as the server returned them), the model card
+of ``/v1/models``, error bodies, and the atomic adapter write a server loads from."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from agentrl.engines.base import Completion, SamplingParams
-from agentrl.engines.errors import EngineProtocolError
+from agentrl.engines.errors import EngineProtocolError, EngineRequestError
 from agentrl.types import FinishReason
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -100,3 +100,15 @@ def save_adapter(policy: Any, path: Path) -> None:
     policy.save(tmp)
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
+
+
+def model_info(response: httpx.Response, url: str) -> tuple[str, int]:
+    """The served model's name and ``max_model_len`` from a ``/v1/models`` answer (the first card that has one)."""
+    if response.status_code != 200:
+        raise EngineRequestError(url, response.status_code, error_message(response))
+    data = json_body(response, url, "/v1/models")
+    cards = (data.get("data") if isinstance(data, dict) else None) or []
+    lengths = [c["max_model_len"] for c in cards if c.get("max_model_len")]
+    if not cards or not lengths:
+        raise EngineProtocolError(f"{url}/v1/models lists no model with max_model_len; set engine max_context")
+    return str(cards[0]["id"]), int(lengths[0])
