@@ -211,4 +211,3 @@ def test_fit_trains_through_agentrl_serve(tmp_path: Path) -> None:
         assert server.output(tail=None).count("POST /v1/load_lora_adapter HTTP/1.1\" 200") == version + 1
     finally:
         server.stop()
-

@@ -7,8 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+
+from tests.support.processes import free_port, start_healthy, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,10 +65,6 @@ def test_a_server_stops_when_the_test_process_that_started_it_is_killed(tmp_path
 def test_a_server_started_from_a_thread_outlives_the_thread(tmp_path: Path) -> None:
     """The parent-death signal follows the thread that forked: a server restarted in a background thread (as the
     vLLM tier's mid-fit restart does) must not be stopped when that thread returns."""
-    import threading
-
-    from tests.support.processes import free_port, start_healthy, stop_process
-
     port, started = free_port(), []
     thread = threading.Thread(target=lambda: started.append(start_healthy(
         "health", [sys.executable, "-c", HEALTH_SERVER, str(port)], tmp_path / "server.log",
