@@ -16,14 +16,21 @@ each set against the feedback-on Turn-PPO arms, λ 0.5 (the reference the protoc
 the zero critic and the Monte Carlo schedules), paired by seed over the seeds where both cells have finished:
 the mean of the per-seed differences (arm − Turn-PPO) ± its SE and its sign-flip p, with both means beside it.
 
+``--markdown`` prints the 2 × 2 seed by seed, as docs/benchmarks.md shows it: each finished cell's final held-out
+decisions-right, sampled (greedy), marked † where the policy's entropy collapsed (mean `train/entropy` over the
+last quarter of its steps below `COLLAPSED_ENTROPY`: the policy samples one reply a prompt, so nothing more is
+learned), and the seed's DiD where all four cells have finished.
+
 Example::
 
     python benchmarks/credit_protocol.py --out benchmarks/results/learning --json table.json
+    python benchmarks/credit_protocol.py --markdown
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
 import json
 import statistics
@@ -38,6 +45,8 @@ ARMS = {"0.5": "turn_ppo_lam05", "1": "turn_ppo_lam1"}
 SECONDARY = {"token-PPO": "token_ppo_credit", "Turn-PPO V = 0": "turn_ppo_v0", "GRPO": "grpo_credit",
              "RTPO": "rtpo_credit"}
 REFERENCES = {"Turn-PPO λ 0.5": "turn_ppo_lam05", "Turn-PPO λ 1": "turn_ppo_lam1"}
+# below this mean per-token entropy (nats) over the last quarter of its steps a cell's policy has collapsed
+COLLAPSED_ENTROPY = 0.02
 METRICS = {"decisions_right": "reward", "decisions_right_greedy": "greedy_reward", "all_right": "success",
            "all_right_greedy": "greedy_success"}
 
@@ -46,6 +55,43 @@ def final(out: Path, setting: str, arm: str, seed: int) -> dict[str, Any] | None
     """The final held-out evaluation of a finished cell, or None when the cell has not finished."""
     f = out / setting / arm / f"seed{seed}" / "summary.json"
     return json.loads(f.read_text())["evals"][-1] if f.exists() else None
+
+
+def late_entropy(out: Path, setting: str, arm: str, seed: int) -> float | None:
+    """Mean `train/entropy` over the last quarter of a finished cell's logged steps (None without any)."""
+    f = out / setting / arm / f"seed{seed}" / "metrics.csv"
+    if not f.exists():
+        return None
+    with f.open(newline="") as fh:
+        values = [float(r["train/entropy"]) for r in csv.DictReader(fh) if r.get("train/entropy")]
+    return statistics.fmean(values[-max(1, len(values) // 4):]) if values else None
+
+
+def markdown(out: Path, seeds: range = range(64)) -> str:
+    """The 2 × 2 seed by seed (see the module docstring), with a count of collapsed cells per arm."""
+    order = [(fb, lam) for fb in ("off", "on") for lam in ARMS]
+    lines = ["| seed | " + " | ".join(f"feedback {fb}, λ {lam}" for fb, lam in order) + " | DiD |",
+             "|---" * (len(order) + 2) + "|"]
+    collapsed = dict.fromkeys(order, 0)
+    for k in seeds:
+        finals = {c: final(out, SETTINGS[c[0]], ARMS[c[1]], k) for c in order}
+        if all(f is None for f in finals.values()):
+            continue
+        texts = []
+        for c, f in finals.items():
+            if f is None:
+                texts.append("—")
+                continue
+            entropy = late_entropy(out, SETTINGS[c[0]], ARMS[c[1]], k)
+            dead = entropy is not None and entropy < COLLAPSED_ENTROPY
+            collapsed[c] += dead
+            texts.append(f"{f['reward']:.3f} ({f['greedy_reward']:.3f}){' †' if dead else ''}")
+        r = {c: float(f["reward"]) for c, f in finals.items() if f is not None}
+        did = f"{(r[('on', '0.5')] - r[('on', '1')]) - (r[('off', '0.5')] - r[('off', '1')]):+.3f}" \
+            if len(r) == len(order) else "—"
+        lines.append(f"| {k} | " + " | ".join(texts) + f" | {did} |")
+    lines.append("| collapsed † | " + " | ".join(str(collapsed[c]) for c in order) + " | |")
+    return "\n".join(lines)
 
 
 def sign_flip_p(values: list[float]) -> float:
@@ -120,7 +166,11 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--markdown", action="store_true", help="print the 2 × 2 seed by seed as a markdown table")
     args = p.parse_args(argv)
+    if args.markdown:
+        print(markdown(args.out))
+        return
     res = table(args.out)
     print(f"finished cells: {len(res['finished_cells'])}; seeds with all four: {res['complete_seeds']}")
     for name, row in res["metrics"].items():

@@ -152,3 +152,26 @@ def test_the_secondary_arms_take_the_primary_arms_tasks_and_episodes_a_step() ->
     fair = _arm("rtpo_fair")["model"]["algorithm"]["init_args"]
     assert (rtpo["max_depth"], rtpo["group_size"], rtpo["ppo"]["lr_reference_samples"]) == (
         fair["max_depth"], fair["group_size"], None)
+
+
+def test_the_per_seed_table_marks_collapsed_cells_by_their_late_entropy(tmp_path: Path) -> None:
+    from credit_protocol import late_entropy, markdown
+
+    # seed 0: all four cells; on (0.9 − 0.6) − off (0.5 − 0.8) = +0.6. Seed 1: one cell, no DiD.
+    for setting, arm, value in (("creditturn-fb", "turn_ppo_lam05", 0.9), ("creditturn-fb", "turn_ppo_lam1", 0.6),
+                                ("creditturn", "turn_ppo_lam05", 0.5), ("creditturn", "turn_ppo_lam1", 0.8)):
+        _cell(tmp_path, setting, arm, 0, value)
+    _cell(tmp_path, "creditturn", "turn_ppo_lam1", 1, 0.7)
+    # feedback off, λ 0.5, seed 0: 8 logged steps (and an eval-only row), last quarter 0.01 and 0.02: mean 0.015,
+    # collapsed; feedback on, λ 1: last quarter 0.03, 0.01: mean 0.02, not below the threshold
+    def metrics(setting: str, arm: str, entropies: list[float]) -> None:
+        rows = ["step,train/entropy,eval/reward", "0,,0.5"] + [f"{i},{e}," for i, e in enumerate(entropies)]
+        (tmp_path / setting / arm / "seed0" / "metrics.csv").write_text("\n".join(rows) + "\n")
+    metrics("creditturn", "turn_ppo_lam05", [0.3, 0.2, 0.2, 0.1, 0.1, 0.05, 0.01, 0.02])
+    metrics("creditturn-fb", "turn_ppo_lam1", [0.3, 0.2, 0.2, 0.1, 0.1, 0.05, 0.03, 0.01])
+    assert late_entropy(tmp_path, "creditturn", "turn_ppo_lam05", 0) == pytest.approx(0.015)
+    assert late_entropy(tmp_path, "creditturn", "turn_ppo_lam1", 0) is None  # no metrics.csv
+    lines = markdown(tmp_path, range(3)).splitlines()
+    assert lines[2] == "| 0 | 0.500 (0.500) † | 0.800 (0.800) | 0.900 (0.900) | 0.600 (0.600) | +0.600 |"
+    assert lines[3] == "| 1 | — | 0.700 (0.700) | — | — | — |"
+    assert lines[4] == "| collapsed † | 1 | 0 | 0 | 0 | |" and len(lines) == 5  # seed 2 has no cell: no row
