@@ -1,25 +1,22 @@
 """Servers the tests start as real subprocesses on 127.0.0.1: a free port, start and wait until ``/health``
 answers, stop (terminate, then kill). `tests.support.server` (``agentrl serve``) and
 `tests.support.mlflow_server` (``mlflow server``) are built on these. A server started from the main thread gets
-SIGTERM when the test process dies (Linux's parent-death signal), so a test run that is killed (a CI timeout,
-``kill``) does not leave servers behind holding cores and ports; a vLLM server then stops its own engine processes.
-Linux sends that signal when the *thread* that started the child ends, so a server started from another thread (a
-restart in the background) goes without it, or it would be stopped as soon as that thread returned."""
+SIGTERM when the test process dies (`agentrl.serve.child_process.die_with_parent`, as ``agentrl vllm-serve`` gives
+its server), so a test run that is killed (a CI timeout, ``kill``) does not leave servers behind holding cores and
+ports; a server started from another thread goes without it (see that module)."""
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
+
+from agentrl.serve.child_process import die_with_parent
 
 
 def free_port() -> int:
@@ -39,20 +36,6 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=20)
 
 
-_PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None  # looked up here, not in the forked child
-
-
-def _die_with_parent() -> None:
-    """In the child between fork and exec: SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG = 1). One C call
-    on a function resolved before the fork: no import, no dynamic loading in the child."""
-    assert _PRCTL is not None
-    _PRCTL(1, signal.SIGTERM)
-
-
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
-
-
 def start_healthy(name: str, cmd: Sequence[str], log: Path, url: str, *, timeout: float = 120.0,
                   env: Mapping[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen[bytes]:
     """Start ``cmd`` with its output in ``log`` and return once ``{url}/health`` answers 200; raise (naming it
@@ -60,7 +43,7 @@ def start_healthy(name: str, cmd: Sequence[str], log: Path, url: str, *, timeout
     with log.open("wb") as out:
         proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
                                 env=dict(env) if env is not None else dict(os.environ),
-                                preexec_fn=_die_with_parent if _PRCTL and _main_thread() else None)  # noqa: PLW1509
+                                preexec_fn=die_with_parent())  # noqa: PLW1509
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -16,7 +16,8 @@ work). It:
    and one logical CPU per physical core, which leaves inference one core of two here);
 3. starts the server on 127.0.0.1 with LoRA hot-loading (``--enable-lora``, two adapters resident: a push loads the
    new one before unloading the old), bf16 and ``--logprobs-mode processed_logprobs``, waits for ``/health``, and
-   prints the ``base_urls`` to give ``agentrl fit``; then waits on the server until it exits or is interrupted.
+   prints the ``base_urls`` to give ``agentrl fit``; then waits on the server until it exits or is interrupted. The
+   server is stopped with the wrapper, even when the wrapper is killed outright (`agentrl.serve.child_process`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from agentrl.serve.child_process import die_with_parent
 
 DEFAULT_VENV = ".venv-vllm"
 SOURCE_FILE = "agentrl_export.json"  # written last into an export: which model it came from
@@ -179,7 +182,9 @@ def vllm_serve_main(argv: Sequence[str]) -> int:
     env = server_env(args.kv_cache_gib)
     out = open(args.log, "ab") if args.log else None  # noqa: SIM115 - held for the server's lifetime
     began = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
+    # the server gets SIGTERM if this wrapper is killed outright (kill -9 runs no `finally`)
+    proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
+                            preexec_fn=die_with_parent())  # noqa: PLW1509 - one prctl call, no Python in the child
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a supervisor's stop ends the server too (finally)
     url = f"http://127.0.0.1:{args.port}"
     try:
