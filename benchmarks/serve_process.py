@@ -8,12 +8,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
-
 from agentrl.models.policy import LoRASettings
+from agentrl.serve.child_process import wait_healthy
 
 
 def start_serve(model: str, root: Path, lora: LoRASettings, *, threads: int | None = None,
@@ -33,15 +31,9 @@ def start_serve(model: str, root: Path, lora: LoRASettings, *, threads: int | No
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"agentrl serve exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.terminate()
-    raise RuntimeError(f"agentrl serve did not become healthy in {timeout:.0f} s: {log.read_text()[-2000:]}")
+    try:
+        wait_healthy("agentrl serve", url, proc, timeout, log=log)
+    except RuntimeError:
+        proc.terminate()
+        raise
+    return proc, url

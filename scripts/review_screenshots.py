@@ -61,7 +61,7 @@ def train(folder: Path, steps: int, config: Path = CONFIG, extra: tuple[str, ...
 
 def mlflow_ui(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
     """``mlflow ui`` over ``folder/mlflow.db`` on a free port of 127.0.0.1, once ``/health`` answers."""
-    import httpx
+    from agentrl.serve.child_process import wait_healthy
 
     port = free_port()
     log = (folder / "mlflow-ui.log").open("wb")
@@ -69,15 +69,12 @@ def mlflow_ui(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
                              f"sqlite:///{folder / 'mlflow.db'}", "--host", "127.0.0.1", "--port", str(port)],
                             cwd=folder, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.terminate()
-    raise SystemExit(f"mlflow ui did not answer at {url} (see {folder / 'mlflow-ui.log'})")
+    try:
+        wait_healthy("mlflow ui", url, proc, 150.0, log=folder / "mlflow-ui.log")
+    except RuntimeError as e:
+        proc.terminate()
+        raise SystemExit(str(e)) from None
+    return proc, url
 
 
 def training_shots(binary: str, folder: Path, out: Path) -> None:

@@ -10,13 +10,10 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import httpx
-
-from agentrl.serve.child_process import die_with_parent
+from agentrl.serve.child_process import die_with_parent, wait_healthy
 
 
 def free_port() -> int:
@@ -44,19 +41,9 @@ def start_healthy(name: str, cmd: Sequence[str], log: Path, url: str, *, timeout
         proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
                                 env=dict(env) if env is not None else dict(os.environ),
                                 preexec_fn=die_with_parent())  # noqa: PLW1509
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{_tail(log)}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    stop_process(proc)
-    raise RuntimeError(f"{name} did not become healthy in {timeout} s:\n{_tail(log)}")
-
-
-def _tail(log: Path, chars: int = 4000) -> str:
-    return log.read_text(errors="replace")[-chars:]
+    try:
+        wait_healthy(name, url, proc, timeout, log=log, poll=0.2)
+    except RuntimeError:
+        stop_process(proc)
+        raise
+    return proc

@@ -1,4 +1,7 @@
-"""Child servers that do not outlive the process that started them.
+"""Child servers: waiting until one is healthy, and not outliving the process that started it.
+
+`wait_healthy` polls a child server's ``/health`` until it answers 200, and fails fast, naming the server and
+showing its log's tail, if the child exits first.
 
 ``agentrl vllm-serve`` starts vLLM's API server as its child. When the wrapper ends normally it stops the child, but
 a wrapper killed outright (``kill -9``, an out-of-memory kill, a CI timeout) runs no clean-up, and the server would
@@ -14,9 +17,15 @@ from __future__ import annotations
 
 import ctypes
 import signal
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
 
 # looked up here, not in the forked child (no dynamic loading between fork and exec)
 _PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
@@ -35,3 +44,28 @@ def die_with_parent() -> Callable[[], None] | None:
     if _PRCTL is None or threading.current_thread() is not threading.main_thread():
         return None
     return _sigterm_on_parent_death
+
+
+def wait_healthy(name: str, url: str, proc: subprocess.Popen[Any], timeout: float, *, log: Path | None = None,
+                 poll: float = 0.5) -> float:
+    """Seconds until ``url/health`` answers 200.
+
+    Raises:
+        RuntimeError: naming ``name`` (with the last 4,000 characters of ``log``, if given) when ``proc`` exits
+            first or ``url`` is not healthy within ``timeout`` seconds; the process is left for the caller to stop.
+    """
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode} before {url}/health answered{_tail(log)}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return time.monotonic() - began
+        except httpx.HTTPError:
+            pass
+        time.sleep(poll)
+    raise RuntimeError(f"{name} did not answer {url}/health within {timeout:g} s{_tail(log)}")
+
+
+def _tail(log: Path | None, chars: int = 4000) -> str:
+    return f":\n{log.read_text(errors='replace')[-chars:]}" if log is not None and log.exists() else ""

@@ -31,11 +31,8 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import httpx
-
-from agentrl.serve.child_process import die_with_parent
+from agentrl.serve.child_process import die_with_parent, wait_healthy
 
 DEFAULT_VENV = ".venv-vllm"
 SOURCE_FILE = "agentrl_export.json"  # written last into an export: which model it came from
@@ -125,21 +122,6 @@ def _gguf_file(spec: str) -> Path:
     return smollm2_gguf_path() if spec == SMOLLM2 else Path(spec).expanduser().resolve()
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[Any], timeout: float) -> float:
-    """Seconds until ``url/health`` answers 200; `RuntimeError` if the server exits first or takes too long."""
-    began = time.monotonic()
-    while time.monotonic() - began < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the vLLM server exited with {proc.returncode} before {url}/health answered")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return time.monotonic() - began
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the vLLM server did not answer {url}/health within {timeout:g} s")
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentrl vllm-serve", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -188,7 +170,7 @@ def vllm_serve_main(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a supervisor's stop ends the server too (finally)
     url = f"http://127.0.0.1:{args.port}"
     try:
-        waited = wait_healthy(url, proc, args.timeout)
+        waited = wait_healthy("the vLLM server", url, proc, args.timeout)
         print(f"vLLM serves {model_dir} as '{args.served_model_name}' at {url} (healthy after {waited:.0f} s)\n"
               f"base_urls: [{url}]\n  agentrl fit --config configs/rtpo_vllm.yaml "
               f"--model.engine.init_args.base_urls '[{url}]'", flush=True)
