@@ -33,7 +33,7 @@ def test_a_server_that_never_answers_fails_at_the_timeout(tmp_path: Path) -> Non
             wait_healthy("the test server", f"http://127.0.0.1:{free_port()}", proc, 1.0, poll=0.05)
         assert proc.poll() is None  # left for the caller to stop
     finally:
-        stop_process(proc)  # type: ignore[arg-type]
+        stop_process(proc)
 
 
 def test_a_healthy_server_gives_the_seconds_it_took(tmp_path: Path) -> None:
@@ -43,4 +43,4 @@ def test_a_healthy_server_gives_the_seconds_it_took(tmp_path: Path) -> None:
         waited = wait_healthy("the test server", f"http://127.0.0.1:{port}", proc, 60, poll=0.05)
         assert 0 < waited < 60
     finally:
-        stop_process(proc)  # type: ignore[arg-type]
+        stop_process(proc)
