@@ -168,6 +168,12 @@ class RunView(abc.ABC):
     def max_generated_tokens(self) -> int | None:
         """The run's budget of generated training tokens (``data.max_generated_tokens``; None: no budget)."""
 
+    def completed(self) -> bool:
+        """Whether the run ended as configured: ``data.steps`` done, or its budget of generated tokens spent (a
+        budget ends a run early by design). False after a requested stop (a signal), which is resumable."""
+        budget = self.max_generated_tokens
+        return self.rl_step >= self.total_steps or (budget is not None and self.generated_tokens >= budget)
+
     @property
     @abc.abstractmethod
     def schedule_name(self) -> str:

@@ -86,6 +86,20 @@ def _check_review_artifacts(cwd: Path, db: Path) -> None:
     assert spans[0].name.startswith("episode") and any(s.name.startswith("turn ") for s in spans)
 
 
+def test_a_run_ended_by_its_token_budget_is_finished_not_killed(tmp_path: Path) -> None:
+    """`data.max_generated_tokens` ends a run before `data.steps` by design: its MLflow run reads FINISHED (KILLED
+    is a requested stop, resumable), and its final evaluation is played."""
+    proc = _fit(tmp_path, "--config", str(ROOT / "configs/smoke/grpo.yaml"), "--data.steps", "50",
+                "--data.max_generated_tokens", "40", "--data.eval_episodes", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = torch.load(tmp_path / "checkpoints/smoke/last.ckpt", weights_only=True, map_location="cpu")["agentrl"]
+    assert 1 <= state["rl_step"] < 50  # the budget ended it
+    db = tmp_path / "mlflow.db"
+    ((_, status),) = mlflow_runs(db)
+    assert status == "FINISHED", status
+    assert _metrics(db, "eval/success")  # the final evaluation was played
+
+
 @pytest.mark.slow
 def test_stop_and_resume_reproduce_the_uninterrupted_run(tmp_path: Path) -> None:
     config = str(ROOT / "configs/smoke/turn_ppo.yaml")

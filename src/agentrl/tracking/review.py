@@ -22,7 +22,8 @@ an MLflow logger it records:
   that is set (always logged then).
 
 It also writes the MLflow run id into every checkpoint (``checkpoint["mlflow"]``) so ``--ckpt_path`` continues
-the same run, and tells the logger how the run ended (KILLED when it stopped before ``data.steps``).
+the same run, and tells the logger how the run ended (KILLED when it stopped before ``data.steps``
+(and before its token budget, ``data.max_generated_tokens``, was spent): a requested stop, resumable).
 """
 
 from __future__ import annotations
@@ -316,8 +317,8 @@ class TrajectoryLogger(pl.Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         logger, view = self._mlflow(trainer), run_view(pl_module)
-        if isinstance(logger, MLflowLogger) and view is not None and view.rl_step < view.total_steps:
-            logger.end_status = "KILLED"
+        if isinstance(logger, MLflowLogger) and view is not None and not view.completed():
+            logger.end_status = "KILLED"  # a budget-ended run (`data.max_generated_tokens`) is FINISHED
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # here, not in on_train_end: Lightning calls the callbacks' on_train_end before the module's, which plays
