@@ -16,6 +16,7 @@ from agentrl.training.schedules.grpo import GRPO
 from agentrl.training.schedules.rtpo import RTPO, _roll_up_depths
 from agentrl.training.schedules.token_ppo import TokenPPO
 from agentrl.training.schedules.turn_ppo import TurnPPO
+from agentrl.training.system.health import step_health
 from agentrl.training.update.batching import TurnTargets, collate, pack_rows
 from agentrl.training.update.settings import OptimSettings, PPOSettings
 from agentrl.types import Trajectory
@@ -157,6 +158,55 @@ def test_the_critic_starts_neutral_and_warms_up_before_the_first_policy_update()
     assert module.last_metrics.get("train/value_warmup_loss") is None  # only the first step warms up
 
 
+@pytest.mark.parametrize("schedule", ["turn", "token"])
+def test_critic_only_steps_fit_the_critic_on_fresh_batches_before_the_policy_moves(schedule: str) -> None:
+    """`value_warmup_steps: 2`: steps 1 and 2 each collect a batch and move the critic only (no policy optimizer
+    step, `train/critic_only`), step 3 is a normal update. The health check sees no dead step in the critic-only
+    ones; the budget counts their tokens."""
+    cls = TurnPPO if schedule == "turn" else TokenPPO
+    module = make_module(cls(value_warmup_steps=2, value_warmup_epochs=2, ppo=PPOSettings(epochs=1)),
+                         optim=OptimSettings(lr=1e-3))
+    critic = module.critic
+    assert critic is not None
+    calls: list[tuple[str, int, bool, bool]] = []
+    original = module.update
+
+    def update(*args: Any, **kwargs: Any) -> dict[str, float]:
+        policy0 = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
+        critic0 = {n: p.detach().clone() for n, p in critic.named_parameters()}
+        out = original(*args, **kwargs)
+        moved = any(not torch.equal(policy0[n], p) for n, p in module.policy.named_parameters())
+        critic_moved = any(not torch.equal(critic0[n], p) for n, p in critic.named_parameters())
+        calls.append((kwargs.get("tag", ""), args[2].epochs, moved, critic_moved))
+        return out
+
+    module.update = update  # type: ignore[method-assign]
+    per_step: list[dict[str, float]] = []
+    original_step = module.algorithm.step
+
+    def step(*args: Any, **kwargs: Any) -> dict[str, float]:
+        out = original_step(*args, **kwargs)
+        per_step.append(dict(out))
+        return out
+
+    module.algorithm.step = step  # type: ignore[method-assign]
+    data = letter_data(batch_size=2, steps=3)
+    fit(module, data)
+    # steps 1-2: the critic alone, value_warmup_epochs epochs each, from its own batch; step 3: policy and critic
+    assert calls == [("value-warmup", 2, False, True), ("value-warmup", 2, False, True), ("", 1, True, True)]
+    assert [m.get("train/critic_only") for m in per_step] == [1.0, 1.0, None]
+    assert all("rollout/reward" in m for m in per_step)  # each critic-only step collected its own batch
+    assert module.rl_step == 3 and module.generated_tokens > 0
+    assert not any(f.code == "no_optimizer_step" for f in step_health([], per_step[0]))
+
+
+def test_critic_only_steps_are_checked() -> None:
+    with pytest.raises(ValueError, match="value_warmup_steps must be >= 0"):
+        TurnPPO(value_warmup_steps=-1)
+    with pytest.raises(ValueError, match="value_warmup_steps must be 0 with zero_critic"):
+        TurnPPO(zero_critic=True, value_warmup_steps=2)
+
+
 def test_target_kl_stops_the_update_at_the_first_minibatch_over_it() -> None:
     """Four epochs at a high learning rate: the first step starts at ratio 1 (KL 0) and is taken; the second
     epoch's KL exceeds a tiny target, so it stops there. The control without a target takes all four."""
@@ -246,3 +296,37 @@ def test_a_batch_with_one_return_is_left_unscaled_when_asked(schedule: type[Turn
 
 def _as_list(x: float | list[float]) -> list[float]:
     return x if isinstance(x, list) else [x]
+
+
+@pytest.mark.parametrize("critic_lam", [None, 1.0])
+def test_decoupled_gae_gives_the_critic_its_own_lambda(critic_lam: float | None) -> None:
+    """Turn-PPO at λ 0.5 on a 3-turn episode (rewards 0, 0.5, 1; γ = 1), with a critic whose values V0..V2 are
+    read from the module. The policy's advantages are λ 0.5 GAE in both cases; the critic's targets are the λ 0.5
+    returns A_n + V_n (coupled, ``critic_lam`` None) or the Monte Carlo return-to-go 1.5, 1.5, 1.0 (``critic_lam``
+    1). Worked by hand: δ_n = r_n + V_{n+1} − V_n (V_3 = 0), A_2 = δ_2, A_1 = δ_1 + 0.5 A_2, A_0 = δ_0 + 0.5 A_1."""
+    traj = _trajectory(("decoupled",), 3, 0)
+    for turn, r in zip(traj.turns, (0.0, 0.5, 1.0), strict=True):
+        turn.reward = r
+    chosen = TurnPPO(lam=0.5, critic_lam=critic_lam, whiten_advantages=False)
+    module = make_module(chosen)
+    assert module.critic is not None
+    with torch.no_grad():
+        module.critic.head.weight.normal_(0.0, 0.5)  # a critic with an opinion
+    values = module.values([traj], [(0, n) for n in range(3)])
+    v = [values[(0, n)][0] for n in range(3)]
+    assert len(set(v)) == 3
+    d2 = 1.0 - v[2]
+    d1 = 0.5 + v[2] - v[1]
+    d0 = 0.0 + v[1] - v[0]
+    a2 = d2
+    a1 = d1 + 0.5 * a2
+    a0 = d0 + 0.5 * a1
+    targets, _ = chosen.critic_targets(module, [traj])
+    assert [targets[(0, n)].advantage for n in range(3)] == pytest.approx([a0, a1, a2], abs=1e-5)
+    expected = [a0 + v[0], a1 + v[1], a2 + v[2]] if critic_lam is None else [1.5, 1.5, 1.0]
+    assert [targets[(0, n)].returns for n in range(3)] == pytest.approx(expected, abs=1e-5)
+
+
+def test_critic_lam_is_checked() -> None:
+    with pytest.raises(ValueError, match="critic_lam must be in"):
+        TurnPPO(critic_lam=1.5)

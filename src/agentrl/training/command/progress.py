@@ -350,7 +350,8 @@ class RunProgress(ProgressBar):
                           None if budget is None else budget - view.generated_tokens, recent=self.step_times)
         lines = [f"step {step:>{len(str(total))}}/{total}  reward {m.get('rollout/reward', float('nan')):+.3f}  "
                  f"success {m.get('rollout/success', float('nan')):.2f}  {m.get('perf/step_seconds', 0.0):.1f} s  "
-                 f"{int(m.get('perf/generated_tokens', 0))} tokens{_staleness(m)}  ETA {_clock(eta)}"]
+                 f"{int(m.get('perf/generated_tokens', 0))} tokens{_staleness(m)}  ETA {_clock(eta)}"
+                 + ("  (critic only: algorithm.value_warmup_steps)" if m.get("train/critic_only") else "")]
         findings = step_health(view.step_record.episodes or view.last_trajectories, m)
         self.dead.add(findings)
         lines += [f"  ! {f.line}" for f in findings]

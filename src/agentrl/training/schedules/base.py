@@ -95,10 +95,14 @@ class GroupSchedule(Schedule):
         """The step's whole batch: ``group_size`` episodes of each task (launched ahead with max_staleness >= 1)."""
         return collector.collect_groups(tasks, self.group_size, step=step)
 
-    def step(self, learner: Learner, tasks: list[Task]) -> dict[str, float]:
+    def collect(self, learner: Learner, tasks: list[Task]) -> tuple[list[Trajectory], dict[str, float]]:
+        """The step's batch: its trainable episodes (not failed, with a reply) and its ``rollout/*`` metrics."""
         trajs = learner.collect_batch(tasks, self.batch)
         ok = [t for t in trajs if not t.failed and any(turn.response_ids for turn in t.turns)]
-        metrics = rollout_metrics(trajs)
+        return ok, rollout_metrics(trajs)
+
+    def step(self, learner: Learner, tasks: list[Task]) -> dict[str, float]:
+        ok, metrics = self.collect(learner, tasks)
         targets, stats = self.targets(learner, ok)  # on every rank, with or without episodes (collectives)
         metrics.update(stats)
         metrics.update(learner.update(ok, targets, self.ppo))  # every rank takes part, with or without data
@@ -136,15 +140,33 @@ class CriticSchedule(GroupSchedule):
     needs_critic = True
 
     def __init__(self, gamma: float, lam: float, group_size: int, whiten_advantages: bool,
-                 ppo: PPOSettings | None, value_warmup_epochs: int = 0, whiten_equal_returns: bool = True) -> None:
+                 ppo: PPOSettings | None, value_warmup_epochs: int = 0, whiten_equal_returns: bool = True,
+                 value_warmup_steps: int = 0) -> None:
         _check_discount(gamma, lam)
         if value_warmup_epochs < 0:
             raise ValueError(f"algorithm.value_warmup_epochs must be >= 0, got {value_warmup_epochs}")
+        if value_warmup_steps < 0:
+            raise ValueError(f"algorithm.value_warmup_steps must be >= 0, got {value_warmup_steps}")
         super().__init__(group_size, ppo)
         self.gamma, self.lam = gamma, lam
         self.whiten_advantages = whiten_advantages
         self.whiten_equal_returns = whiten_equal_returns
         self.value_warmup_epochs = value_warmup_epochs
+        self.value_warmup_steps = value_warmup_steps
+
+    def step(self, learner: Learner, tasks: list[Task]) -> dict[str, float]:
+        """A normal step, or, for the run's first ``value_warmup_steps`` steps, a critic-only step: the batch is
+        collected as usual (from the unchanged policy; its tokens count against the budget), the critic fits its
+        returns-to-go for ``value_warmup_epochs`` epochs (at least one), and the policy does not move (its
+        optimizer takes no step: ``train/critic_only`` 1). Value pretraining: the first policy update then reads
+        advantages from a critic fitted on many batches of the starting policy, not one."""
+        if learner.rl_step >= self.value_warmup_steps:
+            return super().step(learner, tasks)
+        ok, metrics = self.collect(learner, tasks)
+        metrics |= self._warm_up_values(learner, ok, max(self.value_warmup_epochs, 1))  # every rank takes part
+        metrics["train/critic_only"] = 1.0
+        learner.push_weights()  # the same weights; the engine's copy may have been freed for the update
+        return metrics
 
     def _scale(self, learner: Learner, ok: list[Trajectory], adv: torch.Tensor,
                mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
@@ -159,7 +181,8 @@ class CriticSchedule(GroupSchedule):
         return adv, {"train/whitened": 0.0}
 
     def targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
-        stats = self._warm_up_values(learner, ok) if learner.rl_step == 0 and self.value_warmup_epochs else {}
+        first = learner.rl_step == 0 and self.value_warmup_epochs and not self.value_warmup_steps
+        stats = self._warm_up_values(learner, ok, self.value_warmup_epochs) if first else {}
         if not ok:
             targets, more = self._no_episodes(learner)
         else:
@@ -169,10 +192,11 @@ class CriticSchedule(GroupSchedule):
     def critic_targets(self, learner: Learner, ok: list[Trajectory]) -> tuple[Targets, dict[str, float]]:
         raise NotImplementedError
 
-    def _warm_up_values(self, learner: Learner, ok: list[Trajectory]) -> dict[str, float]:
-        """Before the run's first policy update: ``value_warmup_epochs`` critic-only epochs on the first batch's
-        discounted returns-to-go (zero advantages: the policy's optimizer takes no step), so the first advantages
-        come from a critic that has seen returns rather than from the neutral start. Every rank takes part."""
+    def _warm_up_values(self, learner: Learner, ok: list[Trajectory], epochs: int) -> dict[str, float]:
+        """``epochs`` critic-only epochs on the batch's discounted returns-to-go (zero advantages: the policy's
+        optimizer takes no step): before the run's first policy update (``value_warmup_epochs`` on the first batch),
+        or as a critic-only step (``value_warmup_steps``), so the first advantages come from a critic that has
+        seen returns rather than from the neutral start. Every rank takes part."""
         targets: Targets = {}
         for b, traj in enumerate(ok):
             ret = 0.0
@@ -180,7 +204,7 @@ class CriticSchedule(GroupSchedule):
                 ret = r + self.gamma * ret
                 n = len(turn.response_ids)
                 targets[(b, turn.index)] = self._warmup_target(ret, n)
-        ppo = replace(self.ppo, epochs=self.value_warmup_epochs, value_clip=None, entropy_coef=0.0, kl_coef=0.0,
+        ppo = replace(self.ppo, epochs=epochs, value_clip=None, entropy_coef=0.0, kl_coef=0.0,
                       target_kl=None)
         out = learner.update(ok, targets, ppo, tag="value-warmup")
         return {"train/value_warmup_loss": out.get("train/value_loss", float("nan"))}

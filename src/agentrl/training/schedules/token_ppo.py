@@ -33,12 +33,14 @@ class TokenPPO(CriticSchedule):
         ppo: Clipped-update settings (default aggregation: global token mean).
         value_warmup_epochs: Critic-only epochs on the first batch's returns before the first policy update.
         whiten_equal_returns: As Turn-PPO's: false leaves a batch with one return for all its episodes unscaled.
+        value_warmup_steps: As Turn-PPO's: the run's first steps train the critic only (value pretraining).
     """
 
     def __init__(self, gamma: float = 1.0, lam: float = 1.0, group_size: int = 1, whiten_advantages: bool = True,
                  ppo: PPOSettings | None = None, value_warmup_epochs: int = 0,
-                 whiten_equal_returns: bool = True) -> None:
-        super().__init__(gamma, lam, group_size, whiten_advantages, ppo, value_warmup_epochs, whiten_equal_returns)
+                 whiten_equal_returns: bool = True, value_warmup_steps: int = 0) -> None:
+        super().__init__(gamma, lam, group_size, whiten_advantages, ppo, value_warmup_epochs, whiten_equal_returns,
+                         value_warmup_steps)
 
     def _warmup_target(self, ret: float, n_tokens: int) -> TurnTargets:
         # a value per response token: the turn's return-to-go at each (the reward comes at the turn's last token)
