@@ -25,6 +25,10 @@ Example::
 
     python benchmarks/credit_protocol.py --out benchmarks/results/learning --json table.json
     python benchmarks/credit_protocol.py --markdown
+    python benchmarks/credit_protocol.py --half-arm turn_ppo_lam05_dec   # the follow-up arm against the same λ 1
+
+The follow-up arm ``turn_ppo_lam05_dec`` (λ 0.5 with decoupled GAE, ``critic_lam: 1``) takes the λ 0.5 arm's
+place with ``--half-arm``: its DiD is against the same λ 1 cells.
 """
 
 from __future__ import annotations
@@ -67,14 +71,17 @@ def late_entropy(out: Path, setting: str, arm: str, seed: int) -> float | None:
     return statistics.fmean(values[-max(1, len(values) // 4):]) if values else None
 
 
-def markdown(out: Path, seeds: range = range(64)) -> str:
-    """The 2 × 2 seed by seed (see the module docstring), with a count of collapsed cells per arm."""
+def markdown(out: Path, seeds: range = range(64), half: str = ARMS["0.5"]) -> str:
+    """The 2 × 2 seed by seed (see the module docstring), with a count of collapsed cells per arm; ``half`` is the
+    λ 0.5 arm's schedule file (the follow-up's ``turn_ppo_lam05_dec``)."""
+    arms = ARMS | {"0.5": half}
     order = [(fb, lam) for fb in ("off", "on") for lam in ARMS]
-    lines = ["| seed | " + " | ".join(f"feedback {fb}, λ {lam}" for fb, lam in order) + " | DiD |",
+    label = {"0.5": "λ 0.5" if half == ARMS["0.5"] else f"λ 0.5 ({half})", "1": "λ 1"}
+    lines = ["| seed | " + " | ".join(f"feedback {fb}, {label[lam]}" for fb, lam in order) + " | DiD |",
              "|---" * (len(order) + 2) + "|"]
     collapsed = dict.fromkeys(order, 0)
     for k in seeds:
-        finals = {c: final(out, SETTINGS[c[0]], ARMS[c[1]], k) for c in order}
+        finals = {c: final(out, SETTINGS[c[0]], arms[c[1]], k) for c in order}
         if all(f is None for f in finals.values()):
             continue
         texts = []
@@ -82,7 +89,7 @@ def markdown(out: Path, seeds: range = range(64)) -> str:
             if f is None:
                 texts.append("—")
                 continue
-            entropy = late_entropy(out, SETTINGS[c[0]], ARMS[c[1]], k)
+            entropy = late_entropy(out, SETTINGS[c[0]], arms[c[1]], k)
             dead = entropy is not None and entropy < COLLAPSED_ENTROPY
             collapsed[c] += dead
             texts.append(f"{f['reward']:.3f} ({f['greedy_reward']:.3f}){' †' if dead else ''}")
@@ -102,12 +109,15 @@ def sign_flip_p(values: list[float]) -> float:
     return hits / 2 ** len(values)
 
 
-def table(out: Path, seeds: range = range(64)) -> dict[str, Any]:
-    """Per metric: the four arm means, the per-seed DiDs, their mean ± SE and sign-flip p (complete seeds only)."""
-    cells = {(fb, lam, k): final(out, SETTINGS[fb], ARMS[lam], k) for fb in SETTINGS for lam in ARMS for k in seeds}
+def table(out: Path, seeds: range = range(64), half: str = ARMS["0.5"]) -> dict[str, Any]:
+    """Per metric: the four arm means, the per-seed DiDs, their mean ± SE and sign-flip p (complete seeds only);
+    ``half`` as in `markdown`."""
+    arms = ARMS | {"0.5": half}
+    cells = {(fb, lam, k): final(out, SETTINGS[fb], arms[lam], k) for fb in SETTINGS for lam in arms for k in seeds}
     complete = [k for k in seeds if all(cells[(fb, lam, k)] is not None for fb in SETTINGS for lam in ARMS)]
-    finished = sorted(f"{SETTINGS[fb]}/{ARMS[lam]}/seed{k}" for (fb, lam, k), c in cells.items() if c is not None)
-    result: dict[str, Any] = {"finished_cells": finished, "complete_seeds": complete, "metrics": {}}
+    finished = sorted(f"{SETTINGS[fb]}/{arms[lam]}/seed{k}" for (fb, lam, k), c in cells.items() if c is not None)
+    result: dict[str, Any] = {"half_arm": half, "finished_cells": finished, "complete_seeds": complete,
+                              "metrics": {}}
     for name, key in METRICS.items():
         v = {(fb, lam, k): float(cells[(fb, lam, k)][key]) for fb in SETTINGS for lam in ARMS  # type: ignore[index]
              for k in complete}
@@ -167,11 +177,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--markdown", action="store_true", help="print the 2 × 2 seed by seed as a markdown table")
+    p.add_argument("--half-arm", default=ARMS["0.5"], help="the λ 0.5 arm's schedule file (default %(default)s; the "
+                   "follow-up: turn_ppo_lam05_dec, decoupled GAE)")
     args = p.parse_args(argv)
     if args.markdown:
-        print(markdown(args.out))
+        print(markdown(args.out, half=args.half_arm))
         return
-    res = table(args.out)
+    res = table(args.out, half=args.half_arm)
     print(f"finished cells: {len(res['finished_cells'])}; seeds with all four: {res['complete_seeds']}")
     for name, row in res["metrics"].items():
         if row.get("did") is None:

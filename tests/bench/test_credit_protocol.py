@@ -43,6 +43,14 @@ def test_the_arms_differ_in_lambda_only_and_share_tasks_per_step(tmp_path: Path)
     assert "optim" not in cell["model"]  # one rate for both arms: the env config's
 
 
+def test_the_decoupled_arm_differs_from_lambda_05_in_the_critics_lambda_only() -> None:
+    """The follow-up arm: λ 0.5 for the policy, the λ 1 arm's Monte Carlo targets for the critic."""
+    dec, half = _arm("turn_ppo_lam05_dec"), _arm("turn_ppo_lam05")
+    init_dec, init_half = dec["model"]["algorithm"]["init_args"], half["model"]["algorithm"]["init_args"]
+    assert init_dec.pop("critic_lam") == 1.0 and "critic_lam" not in init_half
+    assert init_dec == init_half and dec["data"] == half["data"]
+
+
 def test_the_held_out_set_is_balanced_per_cue_and_noise_free() -> None:
     config = yaml.safe_load((CONFIGS / "creditturn.yaml").read_text())
     env = CreditChainEnv(**config["data"]["agent"]["init_args"]["env"]["init_args"])
@@ -175,3 +183,19 @@ def test_the_per_seed_table_marks_collapsed_cells_by_their_late_entropy(tmp_path
     assert lines[2] == "| 0 | 0.500 (0.500) † | 0.800 (0.800) | 0.900 (0.900) | 0.600 (0.600) | +0.600 |"
     assert lines[3] == "| 1 | — | 0.700 (0.700) | — | — | — |"
     assert lines[4] == "| collapsed † | 1 | 0 | 0 | 0 | |" and len(lines) == 5  # seed 2 has no cell: no row
+
+
+def test_the_follow_up_arm_takes_the_place_of_lambda_05_against_the_same_lambda_1(tmp_path: Path) -> None:
+    from credit_protocol import markdown, table
+
+    # λ 1: on 0.6, off 0.8; coupled λ 0.5: on 0.5, off 0.5 (DiD +0.2); decoupled: on 0.9, off 0.6 (DiD +0.5)
+    cells = {"turn_ppo_lam1": (0.6, 0.8), "turn_ppo_lam05": (0.5, 0.5), "turn_ppo_lam05_dec": (0.9, 0.6)}
+    for arm, (on, off) in cells.items():
+        _cell(tmp_path, "creditturn-fb", arm, 0, on)
+        _cell(tmp_path, "creditturn", arm, 0, off)
+    assert table(tmp_path, range(1))["metrics"]["decisions_right"]["did"] == pytest.approx(0.2)
+    res = table(tmp_path, range(1), half="turn_ppo_lam05_dec")
+    assert res["metrics"]["decisions_right"]["did"] == pytest.approx(0.5) and res["half_arm"] == "turn_ppo_lam05_dec"
+    lines = markdown(tmp_path, range(1), half="turn_ppo_lam05_dec").splitlines()
+    assert "feedback on, λ 0.5 (turn_ppo_lam05_dec)" in lines[0]
+    assert lines[2] == "| 0 | 0.600 (0.600) | 0.800 (0.800) | 0.900 (0.900) | 0.600 (0.600) | +0.500 |"
