@@ -401,8 +401,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint", type=Path, default=None, help="a learning cell's final checkpoint "
                         "(benchmarks/learning.py --keep-checkpoints): its policy plays, its critic scores turn_ppo")
     parser.add_argument("--seed", type=int, default=0)
-    # the paper's constants, with which the committed credit JSONs were made; Turn-PPO's default is 1.0 / 1.0 since
-    # stop 56, whose turn_ppo row then differs from token_ppo's only in the critic's granularity
+    # the paper's constants, with which the committed credit JSONs were made; with Turn-PPO's own default (1.0 /
+    # 1.0) its turn_ppo row differs from token_ppo's only in the critic's granularity
     parser.add_argument("--turn-gamma", type=float, default=0.99, help="Turn-PPO's γ (default: the paper's 0.99)")
     parser.add_argument("--turn-lam", type=float, default=0.9, help="Turn-PPO's GAE λ (default: the paper's 0.9)")
     parser.add_argument("--json", type=Path, default=None)

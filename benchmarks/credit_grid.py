@@ -68,7 +68,7 @@ from agentrl.envs import CreditChainEnv
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_OFFSET = 1_000_000  # the datamodule's held-out seeds (`SeedTasks(offset=1_000_000)`)
-ENTROPY_FLOOR = 0.1  # nats a token: the first update of all 68 grid cells (2026-12-05) measured 0.26-0.36
+ENTROPY_FLOOR = 0.1  # nats a token: the first update of each of the grid's 68 cells measured 0.26-0.36
 
 
 def setting_env(setting: str, **over: Any) -> CreditChainEnv:

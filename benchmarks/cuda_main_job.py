@@ -148,7 +148,7 @@ def main() -> int:
         "gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
         "sm_count": props.multi_processor_count,
         "torch": torch.__version__, "cuda": torch.version.cuda, "peak_bf16_dense_flops_datasheet": H200_BF16_DENSE,
-        # best of 10 (the committed 2026-12-04 figures, 785-797, were a mean of 10 back-to-back products)
+        # best of 10 back-to-back products (an earlier committed figure, 785-797, was their mean)
         "measured_bf16_matmul_8192_tflops": round(
             measure_peak_flops(torch.device("cuda"), torch.bfloat16, n=8192, reps=10) / 1e12, 1),
         "runs": []}
@@ -161,7 +161,7 @@ def main() -> int:
     for name, model, steps, extra in plan:
         if steps:
             report["runs"].append(run_fit(name, model, steps, extra, args.out))
-            # written after each run: a call that runs out of time keeps what finished (2026-12-04's did not)
+            # written after each run: a call that runs out of time keeps what finished
             (args.out / "cuda_main_job.json").write_text(json.dumps(report, indent=1))
     for run in report["runs"]:
         means = {k: round(v, 4) for k, v in run.items() if k.startswith("mean_after_first/")}

@@ -15,9 +15,8 @@ held-out boards before and after. Deterministic for a given seed on one machine.
 CreditChain (``--env creditchain``): SmolLM2 names a colour in 0-3 % of its replies (docs/benchmarks-log.md, "Credit
 assignment"). The targets are one uniformly random option word per reply, on episodes of every grid setting
 (M in {1, 3}, D in {0, 4, 8}, decisions first and last), each turn rendered as the learning cells' agent sees it
-(the full context since 2026-12-03: the whole conversation so far; before, the summary context's
-`EnvAgent(history=1)`), so one warm-up serves every cell of the grid and says nothing about which colour is right
-for a cue.
+(the full context: the whole conversation so far), so one warm-up serves every cell of the grid and says nothing
+about which colour is right for a cue.
 
 Example::
 

@@ -82,8 +82,8 @@ CHAIN_CONFIGS = ("creditchain", "creditturn")
 
 
 # environments whose cells start from a warmed-up model folder (the env config names it), made once by a script,
-# and what its warmup.json must record to be current (a folder made for the CreditChain summary context, before
-# 2026-12-03, is made again)
+# and what its warmup.json must record to be current (a folder made for another CreditChain context policy, the
+# summary context, is made again)
 WARMUPS: dict[str, tuple[list[str], Path, dict[str, Any]]] = {
     "frozenlake": (["format_warmup.py"], ROOT / "checkpoints" / "warmup" / "frozenlake-format", {}),
     "creditchain": (["format_warmup.py", "--env", "creditchain"],
@@ -96,8 +96,8 @@ WARMUPS["creditturn"] = WARMUPS["creditchain"]
 # every depth there. The whole-episode schedules' `minibatch_size: 4` counts rows, and CreditChain's summary context
 # makes every turn a row (no prompt extends the last): 8 episodes of D + M turns would take 2(D + M) optimizer steps
 # an update, more the longer the chain, where FrozenLake and GuessNumber take two (a row is an episode there). So
-# they take two minibatches there by count (`ppo.minibatches`), whatever D and whatever the context policy (the grid
-# runs the full context since 2026-12-03, one row an episode, where the count and the size agree). RTPO's rows are
+# they take two minibatches there by count (`ppo.minibatches`), whatever D and whatever the context policy (with the
+# grid's full context, one row an episode, the count and the size agree). RTPO's rows are
 # one depth's siblings, one turn each, on every task: its `minibatch_size: 4` already gives two minibatches of a
 # depth's 8 siblings.
 _TWO_MINIBATCHES = {"model": {"algorithm": {"init_args": {"ppo": {"minibatch_size": None, "minibatches": 2}}}}}
@@ -168,8 +168,8 @@ def ensure_warmup(env: str, out: Path, smoke: bool = False) -> None:
 def warmup_digest(env: str) -> str | None:
     """The warm-up model a cell of ``env`` starts from: a digest of its weights file (None for an env without one,
     or before it is made). Recorded in each ``summary.json`` (``warmup``): the folder is made on each machine, and
-    one made with another thread count has weights that differ in the last bits (stop 57: losses equal to 6
-    decimals), so the setting's ``warmup.json`` alone cannot say which one a committed cell used."""
+    one made with another thread count has weights that differ in the last bits (training losses equal to 6
+    decimals, not bit for bit), so the setting's ``warmup.json`` alone cannot say which one a committed cell used."""
     base, _ = env_setting(env)
     if base not in WARMUPS:
         return None
@@ -248,7 +248,7 @@ def kept_name(out: Path, name: str) -> str:
     """Where under ``--keep-checkpoints DIR`` a cell's final checkpoint goes: ``<name>`` for the grid's own cells
     (``creditchain-d8/turn_ppo/seed0``), under the out's path within the grid for an ablation
     (``ablations/turn-ppo-lam1/creditchain-d8/turn_ppo/seed0``), under `out_key` for an out elsewhere. By the cell's
-    name alone (as until stop 57), an ablation's checkpoint and its grid namesake's overwrote each other in one DIR."""
+    name alone, an ablation's checkpoint and its grid namesake's would overwrite each other in one DIR."""
     grid = (ROOT / "benchmarks" / "results" / "learning").resolve()
     where = out.resolve()
     if where == grid:
@@ -288,17 +288,17 @@ version 1). Bump it with a change to the training code, a config or the protocol
 not comparable with new ones (a fix to a schedule's update, a changed config default): `finished` then reruns every
 cell of an older version, where before such cells had to be found and deleted by hand.
 
-Version 2 (2026-12-05): the engine's sampler draws one uniform a token (commit 99eef8f) where it drew a
-vocabulary's worth of exponentials: the same distribution, another stream, so a seed's episodes, and what a
-cell learns from them, differ (CreditChain D = 4 Turn-PPO seed 0: 0.625 before, 0.969 after). The cells run
-after that commit and before this bump (2026-12-05, named in docs/benchmarks-log.md) were marked version 2 by hand."""
+Version 2: the engine's sampler draws one uniform a token (commit 99eef8f) where it drew a vocabulary's worth of
+exponentials: the same distribution, another stream, so a seed's episodes, and what a cell learns from them, differ.
+The cells run after that commit and before this bump were marked version 2 by hand (docs/benchmarks-log.md names
+them)."""
 
 
 def settings_digest(env: str, schedule: str, extra: list[str]) -> str:
     """A digest of what a cell's settings are: its two config files as parsed (comments and layout do not count)
     and the extra ``agentrl fit`` arguments, recorded in each ``summary.json`` (``settings``). A changed setting in
     one schedule's config (RTPO's group size) then reruns that schedule's cells only, where `CELL_RULES` reruns all
-    of them; a summary without one (written before 2026-12-02 15:00) is taken as current."""
+    of them; a summary written before digests were recorded has none and is taken as current."""
     files = [CONFIGS / f"{env_setting(env)[0]}.yaml", CONFIGS / "schedules" / f"{schedule}.yaml"]
     parsed = [yaml.safe_load(f.read_text()) for f in files]
     return hashlib.sha256(json.dumps([parsed, list(extra)], sort_keys=True).encode()).hexdigest()[:16]
@@ -448,8 +448,8 @@ def keep_checkpoint(scratch: Path, keep: Path | None, name: str) -> Path | None:
 def code_version() -> str:
     """The commit the cell ran on, with ``+dirty`` when ``src/`` or ``configs/`` had uncommitted changes (recorded
     in each ``summary.json`` as ``code``, so that cells from different code are never read as one grid);
-    ``unknown`` outside a git checkout. `run_cell` reads it when the fit starts: read at the end (as until stop 57),
-    a commit landing mid-cell was recorded as the cell's code and an edit made mid-cell marked a clean run dirty."""
+    ``unknown`` outside a git checkout. `run_cell` reads it when the fit starts: read at the end, a commit landing
+    mid-cell would be recorded as the cell's code and an edit made mid-cell would mark a clean run dirty."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, check=True).stdout.strip()

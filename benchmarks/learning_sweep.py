@@ -13,25 +13,24 @@ Protocol (issue 26; docs/benchmarks.md "Learning-rate protocol"):
 * Score of a cell: the mean training-rollout success over the steps in the second half of the token budget
   (tokens sampled > budget / 2) — where a learning rate has had time to help or to hurt. A step's success is over
   **every episode it generated** (``rollout/generated_success``: for RTPO its trunks and all its siblings; for the
-  other schedules, whose episodes are all rollouts, ``rollout/success``). Adopted on 2026-12-02, before any
-  CreditChain sweep: GuessNumber's RTPO sweep scored trunks only, 6 late trunk games a cell, none won at any rate
-  (0.000 at 1e-5, 2e-5, 4e-5), while its sibling returns rose at 4e-5; a score that sees 6 games of a schedule and
-  30-60 of another is not one protocol. The FrozenLake and GuessNumber sweeps were made under the trunk score and
-  are not re-made (their RTPO summaries hold no pooled figure, and the score falls back to trunks there). Score of
-  a learning rate: the mean over the sweep seeds, with its standard error over those late steps (all seeds'
-  pooled: the sample standard deviation over the square root of their number).
+  other schedules, whose episodes are all rollouts, ``rollout/success``). Why: a GuessNumber RTPO sweep scored
+  on trunks only saw 6 late trunk games a cell, none won at any rate (0.000 at 1e-5, 2e-5, 4e-5), while its
+  sibling returns rose at 4e-5; a score that sees 6 games of a schedule and 30-60 of another is not one protocol.
+  The FrozenLake and GuessNumber sweeps were made under the trunk score and are not re-made (their RTPO summaries
+  hold no pooled figure, and the score falls back to trunks there). Score of a learning rate: the mean over the
+  sweep seeds, with its standard error over those late steps (all seeds' pooled: the sample standard deviation over
+  the square root of their number).
 * The choice: the **smallest learning rate whose score is within one standard error of the best score** (the
-  one-standard-error rule of model selection; a tie within 1e-9 counts as within). Adopted on 2026-12-02 from the
-  sweep's own resolution: a FrozenLake score rests on 4-6 late steps of 4 episodes (standard error 0.08-0.13), so
+  one-standard-error rule of model selection; a tie within 1e-9 counts as within). Why, from the sweep's own
+  resolution: a FrozenLake score rests on 4-6 late steps of 4 episodes (standard error 0.08-0.13), so
   RTPO's 0.792 at 4e-5 against 0.750 at 2e-5 is not a difference the sweep can see, and "the best score" picked
   the larger, riskier step on noise. Where the scores are resolved (GRPO: 0.986 ± 0.014 against 0.970 and 0.941)
   the rule picks the best, as before.
 * The standard error has a **binomial floor** (`score_error`): never below that of a success rate measured on the
   late steps' episodes, ``sqrt(p~(1-p~)/n)`` with Laplace's ``p~ = (successes + 1) / (n + 2)``. Without it a perfect
   score has a standard error of 0 and a zero-width window: FrozenLake token-PPO's 1.000 at 2e-5 (14 steps of 8
-  games) beat 0.994 at 5e-6 (one game lost in 176). With it the window is 0.009 and 5e-6 is chosen. Adopted on
-  2026-12-02 from the sweep scores alone, and applied to every sweep (FrozenLake's choices re-made: only
-  token-PPO's changed, 2e-5 -> 5e-6).
+  games) beat 0.994 at 5e-6 (one game lost in 176). With it the window is 0.009 and 5e-6 is chosen. It applies to
+  every sweep (when it was adopted, FrozenLake's choices were re-made: only token-PPO's changed, 2e-5 -> 5e-6).
 * The reported cells (`learning.py --lr-from-sweep`) then run at the chosen learning rate, which each cell's
   ``summary.json`` records.
 
