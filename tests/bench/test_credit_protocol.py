@@ -199,3 +199,31 @@ def test_the_follow_up_arm_takes_the_place_of_lambda_05_against_the_same_lambda_
     lines = markdown(tmp_path, range(1), half="turn_ppo_lam05_dec").splitlines()
     assert "feedback on, λ 0.5 (turn_ppo_lam05_dec)" in lines[0]
     assert lines[2] == "| 0 | 0.600 (0.600) | 0.800 (0.800) | 0.900 (0.900) | 0.600 (0.600) | +0.500 |"
+
+
+def test_the_value_gap_by_hand() -> None:
+    """V(s_{n+1}) after right and after wrong decisions, split by step, judged by a CreditChain environment whose
+    rule is read off it. Early (steps < 10): right decisions are followed by 0.6 and 0.8 (mean 0.7), wrong ones by
+    0.2 and 0.4 (0.3): gap 0.4, SE √(0.02/2 + 0.02/2) = √0.02. A decision whose next turn was not traced is
+    skipped; a distractor (no cue) is not a decision; a reply naming no colour is a format error, not a decision;
+    "I say Red." names red. Late: one right only, so no gap."""
+    from credit_value_gap import Turn, env_judge, value_gap
+
+    judge = env_judge()
+    rule = dict(CreditChainEnv(**yaml.safe_load((CONFIGS / "creditturn.yaml").read_text())["data"]["agent"][
+        "init_args"]["env"]["init_args"]).rule)
+    a, b = sorted(rule)[:2]
+    ra, rb = rule[a], rule[b]
+    wa, wb = ({"red", "blue"} - {ra}).pop(), ({"red", "blue"} - {rb}).pop()
+    episodes = [
+        (0, [Turn(0, a, f"I say {ra.title()}.", 0.1), Turn(1, b, wb, 0.6), Turn(2, None, "blue", 0.2)]),
+        (5, [Turn(0, b, rb, 0.0), Turn(1, None, "red", 0.8), Turn(3, a, wa, 0.9)]),
+        (7, [Turn(0, a, "green", 0.0), Turn(1, a, wa, 0.7), Turn(2, None, "red", 0.4)]),
+        (10, [Turn(0, a, ra, 0.0), Turn(1, None, "red", 0.5), Turn(2, b, wb, 0.5)]),
+    ]
+    res = value_gap(episodes, judge, split=10)
+    early = res["early"]
+    assert (early["n_right"], early["n_wrong"]) == (2, 2)
+    assert (early["v_right"], early["v_wrong"], early["gap"]) == pytest.approx((0.7, 0.3, 0.4))
+    assert early["se"] == pytest.approx(0.02 ** 0.5)
+    assert res["late"]["n_right"] == 1 and res["late"]["gap"] is None

@@ -28,6 +28,7 @@ SMOKE: dict[str, tuple[list[str], str, str]] = {
     "credit_grid": (["--smoke", "--out", "grid"], "grid/creditchain-grid/table.json", ""),
     # the difference-in-differences table over the committed credit-test cells (it reads, it does not train)
     "credit_protocol": (["--json", "protocol.json"], "protocol.json", "finished_cells"),
+    "credit_value_gap": (["--smoke", "--json", "gap.json"], "gap.json", "smoke"),
     "cuda_main_job": (["--cpu-check", "--out", "cuda"], "cuda/cuda_main_job.json", "runs"),
     "decode_step": (["--smoke", "--out", "decode_step.json"], "decode_step.json", "engines"),
     "format_warmup": (["--smoke", "--out", "warmup"], "warmup/warmup.json", "losses"),

@@ -260,3 +260,17 @@ def test_hand_credit_rtpo_siblings_at_the_decision_and_distractor_depths() -> No
     distractor = [[right, "red", "blue"], [right, "blue", "red"], [right, "blue", "blue"]]
     returns = torch.tensor([sum(play(quiet, 4, replies)[1]) for replies in distractor], dtype=torch.float64)
     assert sibling_advantages(returns, torch.zeros(3, dtype=torch.long)).abs().max() == 0.0
+
+
+def test_judge_scores_a_reply_as_step_does() -> None:
+    """Three decisions, no distractors, terminal reward = fraction right: the judged replies add up to it; a reply
+    naming no colour is None (a format error), one naming a colour in a sentence is judged by that colour."""
+    env = CreditChainEnv(decisions=3, distractors=0, options=2)
+    seed = 7
+    wrong = next(w for w in env.words if w != env.right_reply(seed, 1))
+    replies = [f"I pick {env.right_reply(seed, 0).title()}.", wrong, env.right_reply(seed, 2)]
+    verdicts = [env.judge(env.cue(seed, j), r) for j, r in enumerate(replies)]
+    assert verdicts == [True, False, True]
+    _, rewards, _ = play(env, seed, replies)
+    assert rewards[-1] == pytest.approx(sum(verdicts) / 3)
+    assert env.judge(env.cue(seed, 0), "no idea") is None

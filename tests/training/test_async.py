@@ -82,7 +82,7 @@ def test_a_turn_more_than_s_versions_behind_drops_its_episode() -> None:
 
 
 def test_bad_settings_are_refused_naming_the_field() -> None:
-    with pytest.raises(ValueError, match="data.max_staleness must be >= 0"):
+    with pytest.raises(ValueError, match="data.max_staleness must be an integer >= 0"):
         letter_data(max_staleness=-1)
     with pytest.raises(ValueError, match=r"model.engine.init_args.weights: copy"):
         check_async(1, HFEngineSpec(weights="shared"), PPOSettings())

@@ -88,9 +88,11 @@ def test_greedy_evaluation_is_repeatable_and_sampled_evaluation_follows_the_seed
     assert other_greedy == greedy  # greedy evaluation does not depend on it
 
 
-@pytest.mark.parametrize(("key", "value"), [("max_generated_tokens", 0), ("eval_every_tokens", -1)])
-def test_budget_settings_are_checked(key: str, value: int) -> None:
-    with pytest.raises(ValueError, match=f"data.{key} must be >= "):
+@pytest.mark.parametrize(("key", "value"), [("max_generated_tokens", 0), ("eval_every_tokens", -1),
+                                            ("eval_every_tokens", None), ("steps", 2.5)])
+def test_budget_settings_are_checked(key: str, value: int | float | None) -> None:
+    """A bad value, a config's null included, is named with the field; not a TypeError from a comparison."""
+    with pytest.raises(ValueError, match=f"data.{key} must be an integer >= .*, got {value!r}"):
         guess_data(**{key: value})
 
 

@@ -175,6 +175,12 @@ class CreditChainEnv(EpisodeSnapshots):
         """The right colour of decision ``decision`` (0-based) of the episode with ``seed``."""
         return self.rule[self.cue(seed, decision)]
 
+    def judge(self, cue: str, reply: str) -> bool | None:
+        """How `step` scores ``reply`` to a decision showing ``cue``: right or wrong, or None for a reply that names
+        no option (a format error: the decision is asked again)."""
+        word = self._parse(reply)
+        return None if word is None else word == self.rule[cue]
+
     def reset(self, seed: int) -> str:
         """Draw the cues from ``seed`` and return the first step's observation."""
         self._episode = _ChainState(seed=seed, cues=self._cues_of(seed), started=True)
@@ -201,7 +207,7 @@ class CreditChainEnv(EpisodeSnapshots):
         reward, answers, right = 0.0, state.answers, None
         if kind == "decision":
             cue = CUES[state.cues[self._decision_index(state.step)]]
-            right = word == self.rule[cue]
+            right = self.judge(cue, action)
             answers = (*answers, f"{cue}={word}")
         else:
             reward = distractor_noise(state.seed, history, 0.0 if self._heldout(state.seed) else self.noise)

@@ -176,8 +176,8 @@ class RolloutDataModule(pl.LightningDataModule):
                                  ("eval_every_tokens", eval_every_tokens, 0), ("eval_concurrency", eval_concurrency, 1),
                                  ("max_generated_tokens", 1 if max_generated_tokens is None else max_generated_tokens,
                                   1)):
-            if value < low:
-                raise ValueError(f"data.{name} must be >= {low}, got {value}")
+            if not isinstance(value, int) or value < low:  # None from a config's null too: not an int
+                raise ValueError(f"data.{name} must be an integer >= {low}, got {value!r}")
         if not episode_timeout > 0:
             raise ValueError(f"data.episode_timeout must be > 0 seconds, got {episode_timeout}")
         if not 0.0 <= max_failed_fraction <= 1.0:
