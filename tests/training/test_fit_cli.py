@@ -86,12 +86,14 @@ def _check_review_artifacts(cwd: Path, db: Path) -> None:
     assert spans[0].name.startswith("episode") and any(s.name.startswith("turn ") for s in spans)
 
 
-def test_a_run_ended_by_its_token_budget_is_finished_not_killed(tmp_path: Path) -> None:
+def test_a_run_ended_by_its_token_budget_is_finished_not_killed(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """`data.max_generated_tokens` ends a run before `data.steps` by design: its MLflow run reads FINISHED (KILLED
     is a requested stop, resumable), and its final evaluation is played."""
-    proc = _fit(tmp_path, "--config", str(ROOT / "configs/smoke/grpo.yaml"), "--data.steps", "50",
-                "--data.max_generated_tokens", "40", "--data.eval_episodes", "2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, _, err = fit_in_process(tmp_path, ["--config", str(ROOT / "configs/smoke/grpo.yaml"), "--data.steps", "50",
+                                             "--data.max_generated_tokens", "40", "--data.eval_episodes", "2"],
+                                  capsys, monkeypatch)
+    assert code == 0, err[-3000:]
     state = torch.load(tmp_path / "checkpoints/smoke/last.ckpt", weights_only=True, map_location="cpu")["agentrl"]
     assert 1 <= state["rl_step"] < 50  # the budget ended it
     db = tmp_path / "mlflow.db"
