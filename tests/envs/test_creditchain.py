@@ -272,5 +272,5 @@ def test_judge_scores_a_reply_as_step_does() -> None:
     verdicts = [env.judge(env.cue(seed, j), r) for j, r in enumerate(replies)]
     assert verdicts == [True, False, True]
     _, rewards, _ = play(env, seed, replies)
-    assert rewards[-1] == pytest.approx(sum(verdicts) / 3)
+    assert rewards[-1] == pytest.approx(sum(v is True for v in verdicts) / 3)
     assert env.judge(env.cue(seed, 0), "no idea") is None
