@@ -17,7 +17,7 @@ Example (the credit test's cells write their runs to the worktree's ``mlflow.db`
 
     python benchmarks/credit_value_gap.py --tracking-uri sqlite:///mlflow.db \\
         --runs creditturn-fb-turn_ppo_lam1-seed0 creditturn-fb-turn_ppo_lam05-seed0 --json gap.json
-    python benchmarks/credit_value_gap.py --smoke --json gap.json     # a 4-step tiny-random run, then its gap
+    python benchmarks/credit_value_gap.py --smoke --json gap.json     # a 2-step tiny-random run, then its gap
 """
 
 from __future__ import annotations
@@ -142,7 +142,8 @@ def measure(tracking_uris: Sequence[str], names: Sequence[str], judge: Judge) ->
 
 
 def smoke(folder: Path) -> str:
-    """A 4-step Turn-PPO run of the credit test's setting (feedback on) on the tiny random model, every step traced."""
+    """A 2-step Turn-PPO run of the credit test's setting (feedback on, 2 tasks x 2 episodes a step) on the tiny
+    random model, every step traced."""
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     overrides = {
         "trainer": {"logger": {"class_path": "agentrl.tracking.MLflowLogger",
@@ -151,7 +152,7 @@ def smoke(folder: Path) -> str:
         "tracking": {"every_n_steps": 1, "log_final_model": False},
         "model": {"policy": {"init_args": {"model": "tiny-random"}},
                   "algorithm": {"init_args": {"value_warmup_epochs": 1}}},
-        "data": {"steps": 4, "max_generated_tokens": None, "eval_episodes": 0, "eval_every_tokens": 0,
+        "data": {"steps": 2, "batch_size": 4, "max_generated_tokens": None, "eval_episodes": 0, "eval_every_tokens": 0,
                  "eval_greedy": False, "agent": {"init_args": {"env": {"init_args": {"feedback": True}}}}},
     }
     (folder / "smoke.json").write_text(json.dumps(overrides))
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs", nargs="*", default=[], help="MLflow run names (e.g. creditturn-fb-turn_ppo_lam1-seed0)")
     p.add_argument("--config", type=Path, default=CONFIG, help="the environment config whose rule judges decisions")
     p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--smoke", action="store_true", help="make a 4-step tiny-random run in a temporary folder first")
+    p.add_argument("--smoke", action="store_true", help="make a 2-step tiny-random run in a temporary folder first")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         uris, names = ([smoke(Path(tmp))], ["smoke"]) if args.smoke else (args.tracking_uri, args.runs)
