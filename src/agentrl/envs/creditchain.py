@@ -207,7 +207,7 @@ class CreditChainEnv(EpisodeSnapshots):
         reward, answers, right = 0.0, state.answers, None
         if kind == "decision":
             cue = CUES[state.cues[self._decision_index(state.step)]]
-            right = self.judge(cue, action)
+            right = word == self.rule[cue]  # `judge` says the same of a raw reply
             answers = (*answers, f"{cue}={word}")
         else:
             reward = distractor_noise(state.seed, history, 0.0 if self._heldout(state.seed) else self.noise)
