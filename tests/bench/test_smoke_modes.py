@@ -63,6 +63,13 @@ def test_every_script_has_a_smoke_mode() -> None:
                                                       "(or one that no longer exists)")
 
 
+def test_every_script_and_module_is_in_the_benchmarks_index() -> None:
+    """benchmarks/README.md says which script answers which question; a new one left out of it is found here."""
+    index = (BENCH / "README.md").read_text()
+    missing = sorted(p.name for p in BENCH.glob("*.py") if f"`{p.name}`" not in index)
+    assert not missing, f"benchmarks/README.md does not list {missing}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_a_benchmark_runs_in_its_smoke_mode_and_writes_its_json(script: str, tmp_path: Path) -> None:
