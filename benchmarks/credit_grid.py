@@ -9,7 +9,7 @@ finished cells of every setting named and writes ``<out>/creditchain-grid/``:
   policy reaches that replies the same colour at each decision position whatever the cue (computed from the
   environment on the held-out seeds; on M = 1 it is the held-out share of the more frequent right colour). Above
   the bar a policy has learned something of the rule; at or below it, nothing a cue-blind reply would not give.
-* ``--rules K`` reads only the cells run under version K of `learning.CELL_RULES` (one code version) and
+* ``--rules K`` reads only the cells run under version K of `learning_cells.CELL_RULES` (one code version) and
   writes ``<out>/creditchain-grid-vK/``; the full table names each row's versions (``v1×3, v2×2``).
 * Each row pairs its final success with GRPO's in the same setting, seed by seed: the mean difference and its
   standard error over the seeds both have at one version (a seed gives both schedules the same tasks, so pairing
@@ -61,7 +61,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learning import CONFIGS, SCHEDULES, env_setting
+from learning_cells import CONFIGS, SCHEDULES, env_setting
 from learning_report import COLORS
 
 from agentrl.envs import CreditChainEnv
@@ -125,14 +125,14 @@ def _stats(xs: list[float]) -> dict[str, float]:
 
 
 def cell_version(cell: dict[str, Any]) -> int:
-    """The `learning.CELL_RULES` version a cell ran under (a summary without one is version 1)."""
+    """The `learning_cells.CELL_RULES` version a cell ran under (a summary without one is version 1)."""
     return int(cell.get("rules", 1))
 
 
 def grid_rows(out: Path, settings: list[str], schedules: list[str], seeds: list[int],
               rules: int | None = None) -> list[dict[str, Any]]:
     """One row per (setting, schedule) with finished cells; ``rules`` keeps only the cells of that version, so a
-    grid read as one is from one code version (`learning.CELL_RULES`). Each row also pairs its seeds with GRPO's
+    grid read as one is from one code version (`learning_cells.CELL_RULES`). Each row also pairs its seeds with GRPO's
     in the same setting (``vs_grpo``: final success minus GRPO's, seed by seed, over the seeds both have at the same
     version: a seed's episodes differ between versions, so a pair across them would not be a pair)."""
     rows = []
@@ -444,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
     p.add_argument("--rules", type=int, default=None,
-                   help="only the cells run under this version of learning.CELL_RULES, written to "
+                   help="only the cells run under this version of learning_cells.CELL_RULES, written to "
                         "<out>/creditchain-grid-v<rules>/ (default: every cell, to <out>/creditchain-grid/)")
     p.add_argument("--power", nargs=2, type=float, metavar=("PA", "PB"),
                    help="print the seeds a cell needed to tell above-bar rates PA and PB apart, and stop")

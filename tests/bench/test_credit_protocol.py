@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from learning import CONFIGS, SCHEDULE_FILES, env_setting, overrides, settings_digest
+from learning_cells import CONFIGS, SCHEDULE_FILES, env_setting, overrides, settings_digest
 
 from agentrl.envs import CreditChainEnv
 
@@ -130,7 +130,8 @@ def test_the_secondary_arms_are_paired_by_seed_against_turn_ppo_with_feedback_on
 
 
 def test_a_setting_swept_on_its_own_gives_its_rate_and_a_sweep_keeps_every_schedule_file(tmp_path: Path) -> None:
-    from learning import reported_schedules, sweep_setting
+    from learning import reported_schedules
+    from learning_cells import sweep_setting
 
     own = tmp_path / "sweep" / "creditturn-fb"
     own.mkdir(parents=True)

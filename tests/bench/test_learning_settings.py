@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from learning import cell_folder, env_name, env_setting, keep_checkpoint, kept_name, overrides, scratch_folder
+from learning import keep_checkpoint
+from learning_cells import cell_folder, env_name, env_setting, kept_name, overrides, scratch_folder
 
 
 def test_a_setting_name_gives_the_config_and_the_env_knobs() -> None:
@@ -79,13 +80,13 @@ def test_whole_episode_schedules_take_two_minibatches_by_count_on_creditchain(sc
 
 def current(lr: float, source: str) -> str:
     """A finished cell's summary under today's `CELL_RULES`."""
-    from learning import CELL_RULES
+    from learning_cells import CELL_RULES
 
     return json.dumps({"lr": lr, "lr_source": source, "rules": CELL_RULES})
 
 
 def test_a_cell_asked_for_at_the_chosen_lr_is_not_an_earlier_run_at_another(tmp_path: Path) -> None:
-    from learning import finished
+    from learning_cells import finished
 
     assert not finished(tmp_path, 1e-5, False)  # no summary
     (tmp_path / "summary.json").write_text(current(2e-05, "config"))
@@ -100,7 +101,8 @@ def test_a_given_lr_is_its_own_source(tmp_path: Path) -> None:
     """An ablation at ``--lr`` is not the protocol's cell at the same rate, nor the reverse; --lr goes alone."""
     import argparse
 
-    from learning import finished, lr_conflict, lr_source
+    from learning import lr_conflict, lr_source
+    from learning_cells import finished
 
     (tmp_path / "summary.json").write_text(current(2e-05, "chosen by the sweep"))
     assert finished(tmp_path, 2e-5, False) and not finished(tmp_path, 2e-5, False, source="given")
@@ -114,13 +116,13 @@ def test_a_given_lr_is_its_own_source(tmp_path: Path) -> None:
 
 
 def test_a_cell_of_older_rules_runs_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import learning
-    from learning import finished
+    import learning_cells
+    from learning_cells import finished
 
-    monkeypatch.setattr(learning, "CELL_RULES", 1)
+    monkeypatch.setattr(learning_cells, "CELL_RULES", 1)
     (tmp_path / "summary.json").write_text('{"lr": 1e-05, "lr_source": "chosen by the sweep"}')  # no record: 1
     assert finished(tmp_path, 1e-5, False) and finished(tmp_path, None, False) and finished(tmp_path, 1e-5, True)
-    monkeypatch.setattr(learning, "CELL_RULES", 2)  # a fix that makes earlier cells not comparable
+    monkeypatch.setattr(learning_cells, "CELL_RULES", 2)  # a fix that makes earlier cells not comparable
     assert not finished(tmp_path, 1e-5, False) and not finished(tmp_path, None, False)
     assert not finished(tmp_path, 1e-5, True)
     (tmp_path / "summary.json").write_text('{"lr": 1e-05, "lr_source": "chosen by the sweep", "rules": 2}')
@@ -130,7 +132,7 @@ def test_a_cell_of_older_rules_runs_again(tmp_path: Path, monkeypatch: pytest.Mo
 def test_a_cell_of_changed_settings_runs_again(tmp_path: Path) -> None:
     """RTPO's group size changed in its schedule config: its cells rerun, the other schedules' do not; a summary
     from before the digest was recorded counts as current."""
-    from learning import CELL_RULES, finished, settings_digest
+    from learning_cells import CELL_RULES, finished, settings_digest
 
     rtpo, grpo = settings_digest("frozenlake", "rtpo", []), settings_digest("frozenlake", "grpo", [])
     knobs = settings_digest("creditchain-m3", "rtpo", [])  # an env's knobs are the cell's overrides, not settings
@@ -145,13 +147,13 @@ def test_a_cell_of_changed_settings_runs_again(tmp_path: Path) -> None:
 
 
 def test_a_cell_records_the_commit_it_ran_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import learning
+    import learning_cells
 
-    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=learning.ROOT, capture_output=True,
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=learning_cells.ROOT, capture_output=True,
                           text=True, check=True).stdout.strip()
-    assert learning.code_version().removesuffix("+dirty") == head
-    monkeypatch.setattr(learning, "ROOT", tmp_path)  # not a git checkout
-    assert learning.code_version() == "unknown"
+    assert learning_cells.code_version().removesuffix("+dirty") == head
+    monkeypatch.setattr(learning_cells, "ROOT", tmp_path)  # not a git checkout
+    assert learning_cells.code_version() == "unknown"
 
 
 def test_a_cell_records_the_code_its_fit_started_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,13 +161,14 @@ def test_a_cell_records_the_code_its_fit_started_on(tmp_path: Path, monkeypatch:
     cell's code: the summary records the clean commit the fit started on, not ``+dirty``; likewise the warm-up
     model's weights it started from, made again (another machine's bits) while it ran."""
     import learning
+    import learning_cells
 
     warm = tmp_path / "warmup"
     warm.mkdir()
     (warm / "model.safetensors").write_bytes(b"weights made with 2 threads")
-    monkeypatch.setitem(learning.WARMUPS, "creditchain", (["format_warmup.py"], warm, {}))
-    started_from = learning.warmup_digest("creditchain")
-    assert started_from is not None and learning.warmup_digest("guess") is None  # guess has no warm-up
+    monkeypatch.setitem(learning_cells.WARMUPS, "creditchain", (["format_warmup.py"], warm, {}))
+    started_from = learning_cells.warmup_digest("creditchain")
+    assert started_from is not None and learning_cells.warmup_digest("guess") is None  # guess has no warm-up
 
     repo = tmp_path / "repo"
     (repo / "src").mkdir(parents=True)
@@ -173,8 +176,8 @@ def test_a_cell_records_the_code_its_fit_started_on(tmp_path: Path, monkeypatch:
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
     for step in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "clean"]):
         subprocess.run(git + step, check=True)
-    monkeypatch.setattr(learning, "ROOT", repo)
-    clean = learning.code_version()
+    monkeypatch.setattr(learning_cells, "ROOT", repo)
+    clean = learning_cells.code_version()
     assert clean and not clean.endswith("+dirty")
     real_run = subprocess.run
 
@@ -193,9 +196,9 @@ def test_a_cell_records_the_code_its_fit_started_on(tmp_path: Path, monkeypatch:
                               cell_timeout=60.0, keep_checkpoints=None, lr=None)
     summary = learning.run_cell("creditchain", "grpo", 0, args)
     assert summary is not None and summary["evals"][-1]["success"] == 0.75
-    assert learning.code_version() == clean + "+dirty"  # the edit is there now
+    assert learning_cells.code_version() == clean + "+dirty"  # the edit is there now
     assert summary["code"] == clean
-    assert summary["warmup"] == started_from != learning.warmup_digest("creditchain")
+    assert summary["warmup"] == started_from != learning_cells.warmup_digest("creditchain")
 
 
 def test_keep_checkpoint_moves_the_final_checkpoint_out_of_the_scratch_folder(tmp_path: Path) -> None:
@@ -211,9 +214,9 @@ def test_keep_checkpoint_moves_the_final_checkpoint_out_of_the_scratch_folder(tm
 
 
 def test_an_ablations_kept_checkpoint_does_not_overwrite_its_grid_namesakes(tmp_path: Path) -> None:
-    import learning
+    import learning_cells
 
-    grid, name = learning.ROOT / "benchmarks" / "results" / "learning", "creditchain-d8/turn_ppo/seed0"
+    grid, name = learning_cells.ROOT / "benchmarks" / "results" / "learning", "creditchain-d8/turn_ppo/seed0"
     names = {kept_name(out, name) for out in (grid, grid / "ablations" / "lam1", tmp_path / "lam1", tmp_path / "b")}
     assert kept_name(grid, name) == name  # the grid's own cells keep the documented layout
     assert kept_name(grid / "ablations" / "lam1", name) == "ablations/lam1/" + name
@@ -250,7 +253,7 @@ def test_rtpo_fair_run_has_the_papers_depth_cap_and_trunks_and_no_rate_factor(tm
     CreditChain (the every-depth override is the grid's `rtpo` alone), no informative-sibling rate factor, two
     tasks a step and the grid's 3,000-token budget; the grid's `rtpo` keeps the factor its committed cells ran with."""
     import yaml
-    from learning import CONFIGS, config_value
+    from learning_cells import CONFIGS, config_value
 
     cell = overrides("creditchain-d8", "rtpo_fair", 0, tmp_path, "sqlite:///x.db", tmp_path)
     assert "algorithm" not in cell["model"]
