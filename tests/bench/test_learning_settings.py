@@ -1,4 +1,4 @@
-"""CreditChain grid settings of the learning benchmark (benchmarks/learning.py `env_setting`, cell overrides)."""
+"""CreditChain grid settings of the learning benchmark (benchmarks/learning_cells.py `env_setting`, cell overrides)."""
 
 from __future__ import annotations
 
