@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from agentrl.types import DataError, Trajectory, Turn, TurnBatch
 
 
-def _turn(index: int = 0, **kw: object) -> Turn:
-    args: dict[str, object] = {"prompt_ids": [1, 2, 3], "response_ids": [4, 5], "logprobs": [-0.1, -2.0],
-                               "index": index}
+def _turn(index: int = 0, **kw: Any) -> Turn:
+    args: dict[str, Any] = {"prompt_ids": [1, 2, 3], "response_ids": [4, 5], "logprobs": [-0.1, -2.0],
+                            "index": index}
     args.update(kw)
-    return Turn(**args)  # type: ignore[arg-type]
+    return Turn(**args)
 
 
 def test_turn_valid() -> None:
@@ -33,7 +35,7 @@ def test_turn_valid() -> None:
         ({"index": -1}, "index"),
     ],
 )
-def test_turn_rejects_inconsistent_input(kw: dict[str, object], match: str) -> None:
+def test_turn_rejects_inconsistent_input(kw: dict[str, Any], match: str) -> None:
     with pytest.raises(DataError, match=match):
         _turn(**kw)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -17,15 +18,16 @@ from agentrl.seeding import derive_seed
 class RecordingEngine(HFEngine):
     """The real HFEngine, also keeping every prompt it received."""
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.received: list[list[int]] = []
         self.seeds: list[int | None] = []
 
-    async def generate(self, prompt_ids, sampling, *, session=None) -> Completion:  # type: ignore[no-untyped-def]
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None,
+                       **kwargs: Any) -> Completion:
         self.received.append(list(prompt_ids))
         self.seeds.append(sampling.seed)
-        return await super().generate(prompt_ids, sampling, session=session)
+        return await super().generate(prompt_ids, sampling, session=session, **kwargs)
 
 
 def test_prompt_ids_are_what_the_engine_received_and_grow_by_prefix(tiny_policy: Policy) -> None:
@@ -118,9 +120,10 @@ def test_each_turn_is_stamped_with_its_engine_call(tiny_policy: Policy) -> None:
     """The wall-clock times the traces show: each sampled turn spans its own engine call, in order."""
 
     class SlowEngine(HFEngine):
-        async def generate(self, prompt_ids, sampling, *, session=None) -> Completion:  # type: ignore[no-untyped-def]
+        async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None,
+                           **kwargs: Any) -> Completion:
             await asyncio.sleep(0.2)
-            return await super().generate(prompt_ids, sampling, session=session)
+            return await super().generate(prompt_ids, sampling, session=session, **kwargs)
 
     llm = LLMClient(SlowEngine(tiny_policy), tiny_policy.tokenizer, SamplingParams(max_tokens=2), seed=3)
 

@@ -8,6 +8,7 @@ import statistics
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,7 +81,7 @@ def test_the_fraction_bar_on_three_decisions_by_hand() -> None:
 
 
 def summary(seed: int, base: float, final: float, greedy: float,
-            reward: tuple[float, float] | None = None) -> dict:  # type: ignore[type-arg]
+            reward: tuple[float, float] | None = None) -> dict[str, Any]:
     base_reward, final_reward = reward or (base, final)
     return {"seed": str(seed), "lr": 1e-05, "cpu_seconds": 120.0 * (seed + 1),
             "evals": [{"tokens": 0, "success": base, "reward": base_reward, "greedy_success": 0.0},

@@ -104,11 +104,11 @@ def test_learned_critic_reads_feedback_and_scores_are_sane() -> None:
     key = {(r["estimator"], r["critic"], r["lambda"]): r for r in rows_on}
     off = {(r["estimator"], r["critic"], r["lambda"]): r for r in rows_off}
     # the oracle needs no feedback; at σ = 0 and λ = 0 only the next cue's luck separates it from the truth
-    assert key[("turn_ppo", "oracle", 0.0)]["corr"] == off[("turn_ppo", "oracle", 0.0)]["corr"] > 0.8  # type: ignore[operator]
+    assert key[("turn_ppo", "oracle", 0.0)]["corr"] == off[("turn_ppo", "oracle", 0.0)]["corr"] > 0.8
     # a bag-of-words critic values a decision at λ = 0 only when the feedback words tell it the outcome
-    assert key[("turn_ppo", "learned", 0.0)]["corr"] > 0.6  # type: ignore[operator]
-    assert abs(off[("turn_ppo", "learned", 0.0)]["corr"]) < 0.2  # type: ignore[arg-type]
-    assert facts_on["learned_ev"] > facts_off["learned_ev"]  # type: ignore[operator]
+    assert key[("turn_ppo", "learned", 0.0)]["corr"] > 0.6
+    assert abs(off[("turn_ppo", "learned", 0.0)]["corr"]) < 0.2
+    assert facts_on["learned_ev"] > facts_off["learned_ev"]
 
 
 def test_bootstrap_se_shrinks_with_more_tasks() -> None:

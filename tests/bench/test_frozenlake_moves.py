@@ -50,7 +50,7 @@ def test_moves_are_tallied_by_position_per_sampled_evaluation(tmp_path: Path) ->
             if label is not None:
                 client.set_trace_tag(trace_id, "agentrl.eval", label)
     finally:
-        mlflow.set_tracking_uri(None)
+        mlflow.set_tracking_uri(None)  # type: ignore[arg-type]  # None unsets it; mlflow's hint omits None
     table = moves(str(db), "frozenlake-rtpo-seed0")
     assert set(table) == {"base", "final", "step 5"}
     assert {pos: dict(c) for pos, c in table["base"].items()} == {(0, 0): {"down": 1}, (1, 0): {"right": 1}}

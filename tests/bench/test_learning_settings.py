@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -223,7 +224,7 @@ def test_an_ablations_kept_checkpoint_does_not_overwrite_its_grid_namesakes(tmp_
     assert len(names) == 4 and all(n.endswith(name) for n in names)
 
 
-def _cell(seed: int, final: float) -> dict:  # type: ignore[type-arg]
+def _cell(seed: int, final: float) -> dict[str, Any]:
     evals = [{"tokens": 0, "success": 0.5, "greedy_success": 0.5}, {"tokens": 3000, "success": final,
                                                                       "greedy_success": final}]
     return {"seed": seed, "evals": evals, "train": [{"tokens": 3000, "success": final}], "wall_seconds": 60.0,

@@ -13,6 +13,7 @@ import torch
 
 from agentrl.engines.base import Completion, SamplingParams
 from agentrl.engines.hf import HFEngine
+from agentrl.engines.hf_requests import Request
 from agentrl.engines.specs import HFEngineSpec
 from agentrl.models import precision
 from agentrl.models.policy import LoRASettings, Policy
@@ -183,16 +184,16 @@ def test_a_push_during_a_prefill_waits_for_the_forward() -> None:
     busy, overlaps = threading.Event(), []
     timed, refresh = engine._worker._step, engine.weights.refresh
 
-    def watched_step(*args: Any) -> Any:
+    def watched_step(*args: Any, **kwargs: Any) -> Any:
         busy.set()
         try:
-            return timed(*args)
+            return timed(*args, **kwargs)
         finally:
             busy.clear()
 
-    def watched_refresh(p: Any) -> float:
+    def watched_refresh(policy: Any) -> float:
         overlaps.append(busy.is_set())
-        return refresh(p)
+        return refresh(policy)
 
     engine._worker._step = watched_step  # type: ignore[method-assign]
     engine.weights.refresh = watched_refresh  # type: ignore[method-assign]
@@ -284,9 +285,9 @@ def test_every_model_step_runs_on_the_engines_one_worker_thread() -> None:
     threads: list[str] = []
     prefill, decode = engine._prefill, engine._decode_step
 
-    def on_prefill(*args: Any) -> Any:
+    def on_prefill(requests: list[Request]) -> list[Request]:
         threads.append(threading.current_thread().name)
-        return prefill(*args)
+        return prefill(requests)
 
     def on_decode() -> None:
         threads.append(threading.current_thread().name)

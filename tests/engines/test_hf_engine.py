@@ -92,7 +92,7 @@ def test_continuous_batching_admits_as_slots_free(tiny_policy: Policy) -> None:
         return out
 
     async def run() -> list[Completion]:
-        return await asyncio.gather(one(0, 30), one(1, 3), one(2, 3), one(3, 3))
+        return list(await asyncio.gather(one(0, 30), one(1, 3), one(2, 3), one(3, 3)))
 
     outs = asyncio.run(run())
     assert [len(o.token_ids) for o in outs] == [30, 3, 3, 3]

@@ -4,6 +4,7 @@ used by the engine where it applies, and refused (with its reason) where it woul
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import torch
@@ -101,9 +102,14 @@ def test_each_new_position_sees_the_real_tokens_up_to_itself_and_always_itself()
 
 def test_the_engine_decodes_through_it_with_the_same_tokens_and_logprobs(monkeypatch: pytest.MonkeyPatch) -> None:
     policy = Policy("tiny-random", seed=0)
-    calls = []
+    calls: list[int] = []
     step = LeanDecoder.step
-    monkeypatch.setattr(LeanDecoder, "step", lambda self, *a: calls.append(1) or step(self, *a))
+
+    def counted_step(self: LeanDecoder, *a: Any) -> torch.Tensor:
+        calls.append(1)
+        return step(self, *a)
+
+    monkeypatch.setattr(LeanDecoder, "step", counted_step)
 
     def generate(lean: bool) -> list:
         engine = HFEngine(policy, weights="shared", lean_decode=lean)

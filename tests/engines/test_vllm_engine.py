@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -117,10 +118,11 @@ def test_errors_name_the_server_and_what_to_do(served: Server, tmp_path: Path) -
     too_long = VLLMEngine(["http://127.0.0.1:9"], max_context=8, model="m")  # answered locally, no HTTP
     out = asyncio.run(too_long.generate(list(range(3, 11)), SamplingParams()))
     assert out.finish_reason == "length" and out.token_ids == []
-    for bad in ({"base_urls": []}, {"base_urls": ["127.0.0.1:8000"]}, {"base_urls": ["http://x"], "retries": -1},
-                {"base_urls": ["http://x"], "timeout": 0}):
+    bads: list[dict[str, Any]] = [{"base_urls": []}, {"base_urls": ["127.0.0.1:8000"]},
+                                  {"base_urls": ["http://x"], "retries": -1}, {"base_urls": ["http://x"], "timeout": 0}]
+    for bad in bads:
         with pytest.raises(ValueError, match="engine\\."):
-            VLLMEngineSpec(**bad)  # type: ignore[arg-type]
+            VLLMEngineSpec(**bad)
 
 
 def test_sessions_are_pinned_to_one_server() -> None:

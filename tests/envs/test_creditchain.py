@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,11 +18,11 @@ from agentrl.collect.collector import Collector
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.envs import CreditChainEnv
-from agentrl.envs.creditchain import CUES, distractor_noise
+from agentrl.envs.creditchain import CUES, RewardMode, distractor_noise
 from agentrl.models.policy import Policy
 
 
-def play(env: CreditChainEnv, seed: int, replies: list[str]) -> tuple[list[str], list[float], dict]:  # type: ignore[type-arg]
+def play(env: CreditChainEnv, seed: int, replies: list[str]) -> tuple[list[str], list[float], dict[str, Any]]:
     """Observations, per-turn rewards and the last info of ``replies`` played from ``seed``."""
     observations, rewards, info = [env.reset(seed)], [], {}
     for reply in replies:
@@ -130,7 +131,8 @@ def test_order_knob_puts_the_decisions_first_or_last() -> None:
 
 
 def test_terminal_reward_is_the_fraction_or_all_of_the_decisions() -> None:
-    for mode, expected in (("fraction", 0.5), ("all", 0.0)):
+    cases: tuple[tuple[RewardMode, float], ...] = (("fraction", 0.5), ("all", 0.0))
+    for mode, expected in cases:
         env = CreditChainEnv(decisions=2, distractors=1, order="decisions_last", reward=mode)
         env.reset(3)
         right0 = env.right_reply(3, 0)
@@ -162,7 +164,7 @@ def test_format_errors_follow_the_protocol_and_truncate_after_the_spare_turns() 
     ({"format_penalty": 0.5}, "env.format_penalty"), ({"fallback": "guess"}, "env.fallback"),
     ({"cues": 0}, "env.cues"), ({"cues": 9}, "env.cues"),
 ])
-def test_bad_knobs_raise_one_line_errors_naming_the_field(kwargs: dict, field: str) -> None:  # type: ignore[type-arg]
+def test_bad_knobs_raise_one_line_errors_naming_the_field(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError, match=field) as err:
         CreditChainEnv(**kwargs)
     assert "\n" not in str(err.value)

@@ -29,8 +29,8 @@ def main(cases_file: str, out_file: str) -> None:
         loads.append(spec)
         return original(spec, *args, **kwargs)
 
-    policy.load_model = recorded_load  # type: ignore[assignment]
-    loading.load_model = recorded_load  # type: ignore[assignment]
+    policy.load_model = recorded_load
+    loading.load_model = recorded_load
     results: dict[str, dict[str, Any]] = {}
     for name, case in json.loads(Path(cases_file).read_text()).items():
         loads.clear()

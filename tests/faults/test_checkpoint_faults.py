@@ -15,12 +15,12 @@ import errno
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning.pytorch as pl
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from agentrl.training.system.callbacks import RLCheckpoint
 from agentrl.training.system.checkpoint_io import AtomicCheckpointIO
@@ -40,7 +40,8 @@ class _TinyModule(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
     def train_dataloader(self) -> DataLoader[torch.Tensor]:
-        return DataLoader(torch.randn(8, 64, generator=torch.Generator().manual_seed(0)), batch_size=1)
+        rows = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))  # a map-style dataset of its rows
+        return DataLoader(cast(Dataset[torch.Tensor], rows), batch_size=1)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rl_step"] = self.rl_step
@@ -104,7 +105,7 @@ class _FillDiskAt(pl.Callback):
         self.disk = disk
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        if pl_module.rl_step == self.disk.at:  # type: ignore[operator]
+        if pl_module.rl_step == self.disk.at:
             size = (self.disk.folder / "last.ckpt").stat().st_size
             self.disk.full, self.disk.budget = True, size // 2
 

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from agentrl.agents.base import Task
 from agentrl.agents.env_agent import EnvAgent
@@ -33,8 +34,9 @@ from agentrl.serve.serving import render_chat
 from agentrl.training.rollout.datamodule import RolloutDataModule
 from tests.support.scripted import ScriptedEngine
 
-TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a word up.", "parameters": {
-    "type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}}]
+TOOLS: list[ChatCompletionToolParam] = [{"type": "function", "function": {
+    "name": "lookup", "description": "Look a word up.",
+    "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}}]
 
 
 def call_script(prompt: str, seed: int | None) -> str | None:
@@ -110,8 +112,8 @@ def test_a_streaming_request_yields_the_same_tokens_as_a_non_streaming_one(tiny_
 
     async def body(gateway: TrainingGateway, engine: ScriptedEngine) -> None:
         plain, streamed = await gateway.open(_llm(engine)), await gateway.open(_llm(engine))
-        request = {"model": "m", "messages": [{"role": "user", "content": ask}], "tools": TOOLS,
-                   "return_token_ids": True}
+        request: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": ask}], "tools": TOOLS,
+                                   "return_token_ids": True}
         auth = {"Authorization": f"Bearer {plain.api_key}"}
         async with httpx.AsyncClient(timeout=60) as http:
             whole = (await http.post(f"{plain.base_url}/chat/completions", json=request, headers=auth)).json()
@@ -139,7 +141,7 @@ def test_a_streaming_request_yields_the_same_tokens_as_a_non_streaming_one(tiny_
             arguments = choice["message"]["tool_calls"][0]["function"]["arguments"]
             assert json.loads(arguments) == {"word": f"w{derive_seed(7, 0)}"}  # the scripted call, parsed
         # one rendering: the first turn's prompt is what `agentrl serve` renders for the same request
-        served = render_chat(engine.tokenizer, request["messages"], TOOLS, True, HermesToolParser())
+        served = render_chat(engine.tokenizer, request["messages"], request["tools"], True, HermesToolParser())
         assert whole["prompt_token_ids"] == engine.tokenizer.encode(served, add_special_tokens=False)
         # both requests are recorded turns whose prompts are what the engine received
         assert engine.received == [whole["prompt_token_ids"]] * 2
@@ -150,11 +152,11 @@ def test_a_streaming_request_yields_the_same_tokens_as_a_non_streaming_one(tiny_
 def test_the_openai_client_parses_streamed_and_plain_answers_alike(tiny_policy: Policy) -> None:
     async def body(gateway: TrainingGateway, engine: ScriptedEngine) -> None:
         plain, streamed = await gateway.open(_llm(engine)), await gateway.open(_llm(engine))
-        messages = [{"role": "user", "content": "please call the tool"}]
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "please call the tool"}]
         whole = await openai.AsyncOpenAI(base_url=plain.base_url, api_key=plain.api_key).chat.completions.create(
-            model="m", messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+            model="m", messages=messages, tools=TOOLS)
         client = openai.AsyncOpenAI(base_url=streamed.base_url, api_key=streamed.api_key)
-        stream = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS,  # type: ignore[arg-type]
+        stream = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS,
                                                       stream=True)
         names, args, finish = [], [], None
         async for chunk in stream:

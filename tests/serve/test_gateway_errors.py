@@ -20,7 +20,7 @@ from tests.support.scripted import ScriptedEngine
 
 
 class _BrokenEngine(ScriptedEngine):
-    async def generate(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("secret detail /home/someone/.cache/model")
 
 

@@ -102,8 +102,9 @@ def test_engine_requests_over_http_are_vllm_requests(served: Server, tmp_path: P
         await engine.shutdown()
 
     asyncio.run(run())
-    models = {"/v1/completions": v.CompletionRequest, "/v1/load_lora_adapter": v.LoadLoRAAdapterRequest,
-              "/v1/unload_lora_adapter": v.UnloadLoRAAdapterRequest}
+    models: dict[str, type[BaseModel]] = {
+        "/v1/completions": v.CompletionRequest, "/v1/load_lora_adapter": v.LoadLoRAAdapterRequest,
+        "/v1/unload_lora_adapter": v.UnloadLoRAAdapterRequest}
     paths = [p for p, _ in engine.sent]
     # each load is followed by the push's probe (`agentrl.engines.push_check`), a completion naming the new adapter
     assert paths == ["/v1/models", "/v1/completions", "/v1/load_lora_adapter", "/v1/completions",

@@ -26,7 +26,7 @@ def _post(server: Server, path: str, body: dict[str, Any], **kw: Any) -> httpx.R
 def _complete(server: Server, **body: Any) -> dict[str, Any]:
     r = _post(server, "/v1/completions", {"prompt": PROMPT, "return_token_ids": True, "logprobs": 0, **body})
     assert r.status_code == 200, r.text
-    return r.json()["choices"][0]  # type: ignore[no-any-return]
+    return r.json()["choices"][0]
 
 
 def test_api_key_is_required_on_v1_but_not_on_health(served: Server) -> None:
@@ -95,7 +95,7 @@ def test_top_logprobs_match_the_model(served: Server) -> None:
 
 
 def test_bad_requests_name_the_problem(served: Server) -> None:
-    cases = [
+    cases: list[tuple[dict[str, Any], int, str]] = [
         ({"model": "gpt-17", "prompt": PROMPT}, 404, "The model `gpt-17` does not exist."),
         ({"prompt": PROMPT, "max_tokens": 0}, 400, "maximum context length"),
         ({"prompt": PROMPT, "max_tokens": 5000}, 400, "maximum context length is 4096"),
@@ -182,31 +182,39 @@ def test_openai_client_chat_with_tool_calls_on_smollm2(tmp_path: Path) -> None:
     (``tool_choice="auto"``); a named ``tool_choice`` forces one (prefix forcing), or is refused when the model does
     not write a JSON object as the arguments."""
     from openai import BadRequestError, OpenAI
+    from openai.types.chat import (
+        ChatCompletionAssistantMessageParam,
+        ChatCompletionMessageParam,
+        ChatCompletionNamedToolChoiceParam,
+        ChatCompletionToolParam,
+    )
 
     server = start_server(tmp_path, model="smollm2-135m-instruct", timeout=300)
     try:
         client = OpenAI(base_url=server.url + "/v1", api_key="unused")
-        tools = [{"type": "function", "function": {
+        tools: list[ChatCompletionToolParam] = [{"type": "function", "function": {
             "name": "get_weather", "description": "Get the current weather in a city",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
-        example = {"role": "assistant", "content": None, "tool_calls": [{
+        example: ChatCompletionAssistantMessageParam = {"role": "assistant", "content": None, "tool_calls": [{
             "id": "call_0", "type": "function",
             "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]}
-        messages: list[Any] = [{"role": "user", "content": "What is the weather in Rome?"}, example,
-                               {"role": "user", "content": "What is the weather in Paris?"}]
+        messages: list[ChatCompletionMessageParam] = [
+            {"role": "user", "content": "What is the weather in Rome?"}, example,
+            {"role": "user", "content": "What is the weather in Paris?"}]
         out = client.chat.completions.create(model="smollm2-135m-instruct", messages=messages, tools=tools,
                                              temperature=0, max_tokens=60)
         choice = out.choices[0]
         assert choice.finish_reason == "tool_calls", choice
         (call,) = choice.message.tool_calls or []
-        assert call.function.name == "get_weather" and "Paris" in call.function.arguments
+        assert call.type == "function" and call.function.name == "get_weather" and "Paris" in call.function.arguments
 
-        named = {"type": "function", "function": {"name": "get_weather"}}
+        named: ChatCompletionNamedToolChoiceParam = {"type": "function", "function": {"name": "get_weather"}}
         forced = client.chat.completions.create(
             model="smollm2-135m-instruct", messages=[*messages[:2], {"role": "user", "content": "And in Oslo?"}],
             tools=tools, tool_choice=named, temperature=0, max_tokens=40)
         (call,) = forced.choices[0].message.tool_calls or []
-        assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Oslo"}
+        assert call.type == "function" and call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "Oslo"}
         # without the worked example it writes the tool's schema where the arguments go: refused, not returned
         with pytest.raises(BadRequestError, match="tool_choice: the model's arguments for get_weather"):
             client.chat.completions.create(

@@ -59,9 +59,11 @@ def test_completions_stream_per_choice(served: Server) -> None:
 
 def test_langchain_chat_openai_streaming(served: Server) -> None:
     from langchain_openai import ChatOpenAI
+    from pydantic import SecretStr
 
-    model = ChatOpenAI(base_url=served.url + "/v1", api_key=API_KEY, model="tiny-random", max_tokens=8,  # type: ignore[arg-type]
-                       streaming=True, max_retries=0)
+    # max_completion_tokens: the alias of the `max_tokens` field, the name ChatOpenAI sends it under
+    model = ChatOpenAI(base_url=served.url + "/v1", api_key=SecretStr(API_KEY), model="tiny-random",
+                       max_completion_tokens=8, streaming=True, max_retries=0)
     pieces = [chunk.content for chunk in model.stream("Where is Orlan?")]
     assert len(pieces) > 1 and isinstance(model.invoke("Where is Orlan?").content, str)
 

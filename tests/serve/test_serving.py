@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -94,7 +95,7 @@ def test_stop_strings_cut_text_and_stop_tokens_leave_it(tiny_policy: Policy) -> 
 
 def test_chat_rendering_puts_tools_and_calls_in_hermes_form(tiny_policy: Policy) -> None:
     parser = HermesToolParser()
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You add."},
         {"role": "user", "content": [{"type": "text", "text": "1+2?"}]},
         {"role": "assistant", "content": None, "tool_calls": [

@@ -47,11 +47,11 @@ def _python(text: str, where: str) -> Any:
     def fast_fit(*configs: Any, args: Any = (), **overrides: Any) -> Any:
         return original(*configs, args=[*args, *FAST], **overrides)
 
-    agentrl.fit = fast_fit  # type: ignore[assignment]
+    agentrl.fit = fast_fit
     try:
         runpy.run_path(str(script), run_name="__main__")
     finally:
-        agentrl.fit = original  # type: ignore[assignment]
+        agentrl.fit = original
     return 0
 
 

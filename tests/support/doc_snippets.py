@@ -103,7 +103,8 @@ def _blocks(path: Path) -> list[tuple[int, str, list[str], str | None]]:
 def _joined(body: list[str]) -> list[tuple[int, str]]:
     """(offset, command line) with backslash continuations joined."""
     out: list[tuple[int, str]] = []
-    start, parts = 0, []
+    start = 0
+    parts: list[str] = []
     for k, line in enumerate(body):
         if not parts:
             start = k

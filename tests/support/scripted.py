@@ -33,7 +33,7 @@ class ScriptedEngine(HFEngine):
         self.received: list[list[int]] = []
         self._scored: dict[tuple[int, float, tuple[int, ...], tuple[int, ...]], list[float]] = {}
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,  # type: ignore[override]
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        session: str | None = None, **kwargs: Any) -> Completion:
         self.received.append(list(prompt_ids))
         text = self.script(self.tokenizer.decode(prompt_ids), sampling.seed) if self.script else None

@@ -56,7 +56,7 @@ def test_an_episode_reads_back_as_chat_spans_with_tools_and_assessments(tmp_path
                                model="tiny", reward_source="my.rewards.exact_match")
         trace = client.get_trace(trace_id)
     finally:
-        mlflow.set_tracking_uri(None)
+        mlflow.set_tracking_uri(None)  # type: ignore[arg-type]  # None unsets it; mlflow's hint omits None
     spans = {s.name: s for s in trace.data.spans}
     turn0, turn1, tool = spans["turn 0"], spans["turn 1"], spans["search"]
     assert turn0.span_type == turn1.span_type == "CHAT_MODEL" and tool.span_type == "TOOL"
@@ -107,7 +107,7 @@ def test_spans_keep_the_turns_real_times(tmp_path: Path) -> None:
         trace = client.get_trace(log_episode(client, traj, experiment_id=exp, run_id=run.info.run_id, step=1,
                                              model="tiny", reward_source="r"))
     finally:
-        mlflow.set_tracking_uri(None)
+        mlflow.set_tracking_uri(None)  # type: ignore[arg-type]  # None unsets it; mlflow's hint omits None
     spans = {s.name: s for s in trace.data.spans}
     times = {name: (s.start_time_ns - t0, s.end_time_ns - t0) for name, s in spans.items()}
     assert times == {"episode q1": (0, 2_250_000_000), "turn 0": (0, 1_500_000_000),

@@ -69,7 +69,7 @@ def test_a_smoke_run_reads_back_through_a_real_mlflow_server(tmp_path: Path,
     try:
         fit_main(args)
     finally:
-        mlflow.set_tracking_uri(None)
+        mlflow.set_tracking_uri(None)  # type: ignore[arg-type]  # None unsets it; mlflow's hint omits None
     assert logged
 
     server = start_mlflow_server(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path)

@@ -58,7 +58,7 @@ def test_seeded_runs_draw_different_ids_and_keep_their_random_stream(tmp_path: P
                                    model="tiny", reward_source="r"))
             draws.append(random.random())
     finally:
-        mlflow.set_tracking_uri(None)
+        mlflow.set_tracking_uri(None)  # type: ignore[arg-type]  # None unsets it; mlflow's hint omits None
     random.seed(0)
     assert ids[0] != ids[1]
     assert draws == [random.random()] * 2  # logging a trace neither read nor advanced the seeded stream

@@ -109,7 +109,7 @@ class FixedLearner:
 
 
 def fixed_schedule(base: type, batches: list[list[Trajectory]], **kw: Any) -> Any:
-    class Fixed(base):  # type: ignore[misc,valid-type]
+    class Fixed(base):
         def step(self, learner: Any, tasks: list[Any]) -> dict[str, float]:
             return super().step(FixedLearner(learner, batches), tasks)
 
@@ -163,7 +163,7 @@ def _count_shared_batches() -> list[int]:
         return batch
 
     counting.__wrapped__ = collate  # type: ignore[attr-defined]
-    rowplan.collate = counting  # type: ignore[assignment]
+    rowplan.collate = counting
     return count
 
 
@@ -235,8 +235,8 @@ def run(name: str, devices: int, strategy: str, rollouts: bool, out: Path, *, mi
             for g, group in enumerate(groups if rawequal else []):
                 for traj in group:
                     traj.turns[-1].reward = 1.0 if g == 0 else 0.0
-            mine = groups[:1] if (world == 2 and rank == 0) else groups[1:] if world == 2 else groups
-            batches = [[t for g in mine for t in g]]
+            own = groups[:1] if (world == 2 and rank == 0) else groups[1:] if world == 2 else groups
+            batches = [[t for g in own for t in g]]
         schedule = fixed_schedule(SCHEDULES[name], batches, **kw)
         data = letter_data(batch_size=6, steps=1)
     module = make_module(schedule, micro_batch_tokens=64, optim=None, share_prefixes=shared)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,11 @@ def fit(module: AgentRLModule, data: RolloutDataModule, callbacks: list[pl.Callb
                          **trainer_kw)
     trainer.fit(module, datamodule=data)
     return trainer
+
+
+def prefixed(name: str) -> Callable[[str], str]:
+    """An `assert_close` ``msg`` that puts ``name`` before torch's own mismatch message."""
+    return lambda message: f"{name}: {message}"
 
 
 def fit_in_process(cwd: Path, args: list[str], capsys: pytest.CaptureFixture[str],

@@ -13,6 +13,7 @@ import lightning.pytorch as pl
 import pytest
 
 from agentrl.engines.base import SamplingParams
+from agentrl.engines.hf import HFEngine
 from agentrl.engines.specs import HFEngineSpec
 from agentrl.engines.vllm import VLLMEngine, VLLMEngineSpec
 from agentrl.models.policy import LoRASettings, Policy
@@ -213,13 +214,14 @@ class SlowDecodeCopySpec(HFEngineSpec):
 
     def build(self, policy: Any) -> Any:
         engine = super().build(policy)
+        assert isinstance(engine, HFEngine)  # the embedded engine: its methods are wrapped below
         decode, push, release = engine._decode_step, engine.update_weights, engine.release_weights
 
         async def counted_release() -> int:
             self.releases.append(len(engine._active) + len(engine._admitting) + len(engine._waiting))
             return await release()
 
-        engine.release_weights = counted_release
+        engine.release_weights = counted_release  # type: ignore[method-assign]  # wrapped on purpose
 
         def slow_decode() -> None:
             time.sleep(0.1)
@@ -229,7 +231,7 @@ class SlowDecodeCopySpec(HFEngineSpec):
             self.in_flight.append(len(engine._active) + len(engine._admitting))
             await push(*args, **kw)
 
-        engine._decode_step, engine.update_weights = slow_decode, counted_push
+        engine._decode_step, engine.update_weights = slow_decode, counted_push  # type: ignore[method-assign]
         return engine
 
 

@@ -16,19 +16,32 @@ from agentrl.engines.hf import HFEngine
 from agentrl.envs import FrozenLakeEnv
 from agentrl.models.critic import TurnCritic
 from agentrl.models.policy import Policy
-from agentrl.training.update.batching import TurnTargets, collate, micro_batches, pack_rows, score_turns, token_counts
+from agentrl.training.update.batching import (
+    Row,
+    TurnKey,
+    TurnTargets,
+    collate,
+    micro_batches,
+    pack_rows,
+    score_turns,
+    token_counts,
+)
+from agentrl.types import Trajectory, TurnBatch
 
 
-def _trajectories(policy: Policy) -> list:  # type: ignore[type-arg]
+def _trajectories(policy: Policy) -> list[Trajectory]:
     col = Collector(HFEngine(policy), EnvAgent(FrozenLakeEnv(size=3, holes=0, max_turns=4)), policy.tokenizer,
                     sampling=SamplingParams(max_tokens=6))
     return asyncio.run(col.collect_groups([Task("a", 1), Task("b", 2)], 2, step=0))
 
 
-def _score(policy: Policy, critic: TurnCritic, rows: list, budget: int = 10**6) -> dict:  # type: ignore[type-arg]
+def _score(
+    policy: Policy, critic: TurnCritic, rows: list[Row], budget: int = 10**6
+) -> dict[TurnKey, tuple[torch.Tensor, ...]]:
     """Per turn key: (log-probs, entropies, values), through `score_turns` (the trainer's one slicing place)."""
-    def score(batch):  # type: ignore[no-untyped-def]
+    def score(batch: TurnBatch) -> torch.Tensor:
         lp = policy.logprobs(batch, with_entropy=True)
+        assert lp.entropy is not None  # asked for with_entropy=True
         return torch.stack([lp.logprobs, lp.entropy, critic(batch.input_ids, batch.attention_mask)], dim=-1)
 
     with torch.no_grad():

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 import torch
@@ -32,10 +33,21 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-_RUNS: dict[tuple[int, str], dict[str, dict[str, object]]] = {}
+class Update(TypedDict):
+    """One run's record, as `exactness_run` saves it on rank 0."""
+
+    grads: list[dict[str, torch.Tensor]]  # every optimizer step's summed gradient
+    params: dict[str, torch.Tensor]  # the trainable parameters after the step
+    metrics: dict[str, float]
+    shared_batches: int
+    world_size: int
+    strategy: str
 
 
-def _updates(tmp_path: Path, devices: int, strategy: str, schedule: str) -> dict[str, object]:
+_RUNS: dict[tuple[int, str], dict[str, Update]] = {}
+
+
+def _updates(tmp_path: Path, devices: int, strategy: str, schedule: str) -> Update:
     """One step of ``schedule`` ("turn_ppo", or "turn_ppo.mismatch" for the shifted behaviour log-probs) on
     ``devices`` ranks. Every schedule's run, the mismatch runs too, is made in one launch per (devices, strategy)
     on first use: one interpreter start and one process group instead of one per test."""
@@ -53,24 +65,24 @@ def _updates(tmp_path: Path, devices: int, strategy: str, schedule: str) -> dict
     return _RUNS[key][schedule]
 
 
-def _one_process(tmp_path: Path, schedule: str) -> dict[str, object]:
+def _one_process(tmp_path: Path, schedule: str) -> Update:
     return _updates(tmp_path, 1, "ddp", schedule)
 
 
 def _step(tmp_path: Path, schedule: str, devices: int, strategy: str = "ddp", *,
-          mismatch: bool = False) -> dict[str, object]:
+          mismatch: bool = False) -> Update:
     return _updates(tmp_path, devices, strategy, f"{schedule}.mismatch" if mismatch else schedule)
 
 
-def _assert_same_update(one: dict[str, object], two: dict[str, object], steps: int) -> None:
-    assert len(one["grads"]) == len(two["grads"]) == steps  # type: ignore[arg-type]
-    for g1, g2 in zip(one["grads"], two["grads"], strict=True):  # type: ignore[call-overload]
+def _assert_same_update(one: Update, two: Update, steps: int) -> None:
+    assert len(one["grads"]) == len(two["grads"]) == steps
+    for g1, g2 in zip(one["grads"], two["grads"], strict=True):
         assert g1.keys() == g2.keys()
         assert max(g.abs().max().item() for g in g1.values()) > 1e-3  # a real gradient, not zeros on both sides
         for name in g1:
             assert (g1[name] - g2[name]).abs().max().item() <= 1e-6, name
     p1, p2 = one["params"], two["params"]
-    assert max((p1[n] - p2[n]).abs().max().item() for n in p1) <= 1e-6  # type: ignore[index]
+    assert max((p1[n] - p2[n]).abs().max().item() for n in p1) <= 1e-6
 
 
 @pytest.mark.slow
@@ -83,10 +95,10 @@ def test_two_ranks_make_the_one_process_update(tmp_path: Path, schedule: str, st
     # 2 epochs; × 2 optimizers (policy, critic) for the PPO schedules; × 3 depths for RTPO
     _assert_same_update(one, two, {"grpo": 2, "turn_ppo": 4, "token_ppo": 4, "rtpo": 6}[schedule])
     # the step's logged metrics describe both ranks' trajectories
-    assert one["metrics"]["rollout/reward"] == pytest.approx(two["metrics"]["rollout/reward"])  # type: ignore[index]
+    assert one["metrics"]["rollout/reward"] == pytest.approx(two["metrics"]["rollout/reward"])
     # the loss is a mean of O(1) terms ratio·A whose advantages nearly cancel (|loss| ~ 1e-4): float32 summation
     # order (per rank, then across ranks) moves it by ~1e-8, more on some CPUs' kernels (1.8e-8 on an AVX-512 EPYC)
-    assert one["metrics"]["train/policy_loss"] == pytest.approx(two["metrics"]["train/policy_loss"],  # type: ignore[index]
+    assert one["metrics"]["train/policy_loss"] == pytest.approx(two["metrics"]["train/policy_loss"],
                                                                 rel=1e-4, abs=1e-7)
 
 
@@ -102,11 +114,11 @@ def test_two_ranks_recompute_and_correct_as_one_process_does(tmp_path: Path, sch
     m1, m2 = one["metrics"], two["metrics"]
     # the planted shift is at most 1 nat; RTPO's later depths recompute after the earlier depths' updates moved the
     # weights a little
-    assert m1["rollout/logprob_max_abs_diff"] == pytest.approx(1.0, abs=1e-2)  # type: ignore[index]
-    assert 0 < m1["rollout/is_corrected_frac"] < 1  # type: ignore[index]  # some tokens truncated, not all
+    assert m1["rollout/logprob_max_abs_diff"] == pytest.approx(1.0, abs=1e-2)
+    assert 0 < m1["rollout/is_corrected_frac"] < 1  # some tokens truncated, not all
     for name in ("rollout/recomputed_tokens", "rollout/logprob_max_abs_diff", "rollout/logprob_mismatch_kl",
                  "rollout/is_corrected_frac", "rollout/is_weight_mean"):
-        assert m2[name] == pytest.approx(m1[name], rel=1e-6, abs=1e-6), name  # type: ignore[index]
+        assert m2[name] == pytest.approx(m1[name], rel=1e-6, abs=1e-6), name
 
 
 @pytest.mark.slow
@@ -118,7 +130,7 @@ def test_shared_prefixes_on_two_ranks_make_the_one_process_update(tmp_path: Path
     update one process makes with separate rows, on episodes whose contexts are shared (a GRPO group's first prompt,
     RTPO's siblings' replayed prefix)."""
     one, two = _one_process(tmp_path, f"{schedule}.contexts"), _updates(tmp_path, 2, strategy, f"{schedule}.shared")
-    assert one["shared_batches"] == 0 and two["shared_batches"] > 0  # type: ignore[operator]
+    assert one["shared_batches"] == 0 and two["shared_batches"] > 0
     _assert_same_update(one, two, {"grpo": 2, "rtpo": 6}[schedule])
 
 
@@ -129,7 +141,7 @@ def test_two_ranks_agree_that_returns_differ_only_across_them(tmp_path: Path) ->
     0. Each rank alone sees one return and would leave its advantages unscaled; the batch's returns differ, so one
     process whitens, and two ranks must decide from the moments of both (`_returns_vary` sums them)."""
     one, two = _one_process(tmp_path, "turn_ppo.rawequal"), _updates(tmp_path, 2, "ddp", "turn_ppo.rawequal")
-    assert one["metrics"]["train/whitened"] == two["metrics"]["train/whitened"] == 1.0  # type: ignore[index]
+    assert one["metrics"]["train/whitened"] == two["metrics"]["train/whitened"] == 1.0
     _assert_same_update(one, two, 4)
 
 

@@ -15,7 +15,7 @@ from agentrl.training.schedules.grpo import GRPO
 from agentrl.training.schedules.turn_ppo import TurnPPO
 from agentrl.training.system.module import AgentRLModule
 from agentrl.training.update.settings import PPOSettings
-from tests.training.helpers import GradProbe, fit, guess_data, letter_data, make_module
+from tests.training.helpers import GradProbe, fit, guess_data, letter_data, make_module, prefixed
 
 
 def _grads(schedule: str, budget: int, pack: bool = False) -> dict[str, torch.Tensor]:
@@ -39,13 +39,13 @@ def test_micro_batch_accumulation_equals_one_minibatch(schedule: str) -> None:
         split = _grads(schedule, budget)
         assert split.keys() == whole.keys()
         for name, g in whole.items():
-            assert_close(split[name], g, atol=1e-7, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+            assert_close(split[name], g, atol=1e-7, rtol=1e-4, msg=prefixed(name))
 
 
 def test_packing_does_not_change_the_update() -> None:
     packed, single = _grads("turn_ppo", 1 << 20, pack=True), _grads("turn_ppo", 1 << 20, pack=False)
     for name, g in packed.items():
-        assert_close(single[name], g, atol=1e-6, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+        assert_close(single[name], g, atol=1e-6, rtol=1e-4, msg=prefixed(name))
 
 
 class PreUpdateCheck:

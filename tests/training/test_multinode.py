@@ -58,7 +58,7 @@ def _runs(db: Path) -> list[str]:
 
 
 def _weights(cwd: Path) -> dict[str, torch.Tensor]:
-    return torch.load(cwd / "checkpoints/smoke/last.ckpt", weights_only=True)["state_dict"]  # type: ignore[no-any-return]
+    return torch.load(cwd / "checkpoints/smoke/last.ckpt", weights_only=True)["state_dict"]
 
 
 @pytest.mark.slow

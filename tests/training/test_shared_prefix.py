@@ -18,7 +18,7 @@ from agentrl.training.update import rowplan
 from agentrl.training.update.batching import TurnTargets, collate, micro_batches, pack_rows, score_turns, share_prefixes
 from agentrl.training.update.settings import PPOSettings
 from agentrl.types import Trajectory, Turn
-from tests.training.helpers import GradProbe, fit, guess_data, letter_data, make_module
+from tests.training.helpers import GradProbe, fit, guess_data, letter_data, make_module, prefixed
 
 
 def test_layout_by_hand() -> None:
@@ -61,6 +61,7 @@ def test_shared_rows_score_like_separate_rows(attention: str, lora: bool) -> Non
 
     def score(batch: Any) -> torch.Tensor:
         lp = tiny_policy.logprobs(batch, with_entropy=True)
+        assert lp.entropy is not None  # asked for with_entropy=True
         return torch.stack([lp.logprobs, lp.entropy, critic(batch.input_ids, batch.attention_mask, batch.branch)], -1)
 
     with torch.no_grad():
@@ -116,4 +117,4 @@ def test_shared_prefixes_do_not_change_the_update(schedule: str, monkeypatch: py
     assert plain and any(g.abs().max() > 0 for g in plain.values())
     assert plain.keys() == shared.keys()
     for name, g in plain.items():
-        assert_close(shared[name], g, atol=1e-6, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+        assert_close(shared[name], g, atol=1e-6, rtol=1e-4, msg=prefixed(name))

@@ -3,6 +3,7 @@ weighting, and scoring without dropout."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,9 @@ def test_grpo_weighs_trajectories_equally_by_default() -> None:
         targets, _ = schedule.targets(None, [fail, win])  # type: ignore[arg-type]
         units = [sum(tgt.unit for (b, _), tgt in targets.items() if b == i) for i in (0, 1)]
         assert units == expected
-        assert targets[(0, 0)].advantage < 0 < targets[(1, 0)].advantage
+        first, second = targets[(0, 0)].advantage, targets[(1, 0)].advantage
+        assert isinstance(first, float) and isinstance(second, float)  # GRPO: one advantage per turn
+        assert first < 0 < second
     tokens = GRPO(group_size=2, ppo=PPOSettings(aggregate=token_mean))
     targets, _ = tokens.targets(None, [fail, win])  # type: ignore[arg-type]
     per_traj = [sum(tgt.unit * len(t.response_ids) for (b, n), tgt in targets.items() if b == i
@@ -163,7 +166,8 @@ def test_minibatch_split_by_count_or_by_size_worked_by_hand() -> None:
 
 @pytest.mark.parametrize(("ppo", "planned"), [({"minibatches": 2}, lambda n: n == 2),
                                               ({"minibatch_size": 4}, lambda n: n > 2)])
-def test_a_turn_per_row_context_takes_the_minibatch_count_it_is_given(ppo: dict[str, int], planned: Any) -> None:
+def test_a_turn_per_row_context_takes_the_minibatch_count_it_is_given(ppo: dict[str, Any],
+                                                                     planned: Callable[[float], bool]) -> None:
     """CreditChain with the summary context (`EnvAgent(history=1)`): no turn's prompt extends the last, so every turn
     is its own row and ``minibatch_size: 4`` plans one optimizer step per 4 turns (more steps per update the longer
     the chain); ``minibatches: 2`` plans two, whatever the episode length. Planned = taken + skipped (no signal)."""
