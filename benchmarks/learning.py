@@ -11,8 +11,8 @@ summary (its log stays) and runs again next time. Every cell also logs to MLflow
 env/schedule/seed), so the runs can be compared in the UI.
 
 What a cell is — its settings, its folders, whether it has run — lives in `learning_cells`; this script runs the
-cells and reports them. ``--report`` (also run after the cells) draws the learning curves (mean and spread over seeds, x = generated
-tokens) and writes the table that docs/benchmarks.md quotes.
+cells and reports them. ``--report`` (also run after the cells) draws the learning curves (mean and spread over
+seeds, x = generated tokens) and writes the table that docs/benchmarks.md quotes.
 
 CreditChain *settings* are environment names with knobs after the config's name (`env_setting`):
 ``creditchain-d8`` is ``configs/learning/creditchain.yaml`` with 8 distractors, ``creditchain-m3-d4-last-n0.5``
