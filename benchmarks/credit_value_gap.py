@@ -13,6 +13,11 @@ config's ``rule_seed``; a reply naming no colour is not a decision and is left o
 turn's. Per run, the gap over the first and the second half of the logged steps, each with its
 standard error (two independent means; turns of one episode are not independent, so read it as a guide).
 
+Beside the gap, `credit_signal` reads what the update did with it: the correlation, over the traced decisions, of
+the advantage the loss used (``agentrl.credit.advantage_used``) with the decision being right, and the decision
+turns' share of the summed |advantage|. A critic can read outcomes and still leave the decisions little of the
+update (λ^(4−t) of the terminal reward at λ < 1), or the update can follow outcomes with no such critic (λ = 1).
+
 Example (the credit test's cells write their runs to the worktree's ``mlflow.db``)::
 
     python benchmarks/credit_value_gap.py --tracking-uri sqlite:///mlflow.db \\
@@ -43,12 +48,13 @@ CUE = re.compile(r"Cue: (\w+)")
 
 @dataclass(frozen=True)
 class Turn:
-    """One traced turn: its index, the cue it showed (None for a distractor), the reply, and V(s_n)."""
+    """One traced turn: its index, the cue it showed (None for a distractor), the reply, V(s_n) and its advantage."""
 
     index: int
     cue: str | None
     reply: str
     value: float
+    advantage: float | None = None  # the advantage the loss used on this turn (after whitening), when traced
 
 
 Judge = Callable[[str, str], "bool | None"]
@@ -89,6 +95,62 @@ def value_gap(episodes: Sequence[tuple[int, Sequence[Turn]]], judge: Judge, spli
     return out
 
 
+def credit_signal(episodes: Sequence[tuple[int, Sequence[Turn]]], judge: Judge, split: int) -> dict[str, Any]:
+    """Per half, what the update's credit said about the decisions: ``corr_within_cue``, the correlation of the
+    advantage each decision was trained with and whether it was right (1) or wrong (0), both taken less their cue's
+    mean in the half — does a right reply to a cue get more than a wrong reply to the same cue, whatever the scale
+    after whitening (a baseline that moves every reply to a cue alike, V(s_n) of the cue's state, has no expected
+    effect on the policy and is left out this way), with a large-sample SE (1 − r²)/√(n − 1); ``corr``, the same
+    without the centring (the baseline's part in); the mean advantage of right and of wrong decisions;
+    and ``decision_share``, the decision turns' (a cue shown) share of the summed |advantage| over every traced turn
+    (the distractors, and a format error's repeat, take the rest). A figure is None where its half has too few
+    turns (fewer than two right or two wrong decisions, or no spread)."""
+    halves: dict[str, dict[str, list[float]]] = {h: {"adv": [], "right": [], "cues": [], "cue": [], "all": []}
+                                                 for h in ("early", "late")}
+    for step, turns in episodes:
+        half = halves["early" if step < split else "late"]
+        for t in turns:
+            if t.advantage is None:
+                continue
+            half["all"].append(abs(t.advantage))
+            if t.cue is None:
+                continue
+            half["cue"].append(abs(t.advantage))
+            verdict = judge(t.cue, t.reply)
+            if verdict is not None:
+                half["adv"].append(t.advantage)
+                half["right"].append(1.0 if verdict else 0.0)
+                half["cues"].append(t.cue)
+    out: dict[str, Any] = {}
+    for name, h in halves.items():
+        n_right = int(sum(h["right"]))
+        n_wrong = len(h["right"]) - n_right
+        share = sum(h["cue"]) / sum(h["all"]) if sum(h["all"]) else None
+        row: dict[str, Any] = {"n_right": n_right, "n_wrong": n_wrong, "a_right": None, "a_wrong": None,
+                               "corr": None, "corr_within_cue": None, "corr_se": None,
+                               "decision_share": share}
+        if n_right > 1 and n_wrong > 1:
+            row["a_right"] = statistics.fmean(a for a, r in zip(h["adv"], h["right"], strict=True) if r)
+            row["a_wrong"] = statistics.fmean(a for a, r in zip(h["adv"], h["right"], strict=True) if not r)
+            if statistics.pstdev(h["adv"]) > 0:
+                row["corr"] = statistics.correlation(h["adv"], h["right"])
+            adv, right = _within(h["adv"], h["cues"]), _within(h["right"], h["cues"])
+            if statistics.pstdev(adv) > 0 and statistics.pstdev(right) > 0:
+                row["corr_within_cue"] = r = statistics.correlation(adv, right)
+                row["corr_se"] = (1 - r * r) / (len(adv) - 1) ** 0.5  # large-sample; a guide, as the gap's
+        out[name] = row
+    return out
+
+
+def _within(values: Sequence[float], groups: Sequence[str | None]) -> list[float]:
+    """Each value less the mean of its group's values."""
+    by: dict[str | None, list[float]] = {}
+    for v, g in zip(values, groups, strict=True):
+        by.setdefault(g, []).append(v)
+    means = {g: statistics.fmean(vs) for g, vs in by.items()}
+    return [v - means[g] for v, g in zip(values, groups, strict=True)]
+
+
 def _json_field(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
@@ -108,8 +170,9 @@ def traced_episodes(client: Any, run: Any) -> list[tuple[int, list[Turn]]]:
                 continue
             cue = CUE.search(_json_field(span.inputs)["messages"][-1]["content"])
             reply = _json_field(span.outputs)["choices"][0]["message"]["content"]
+            used = a.get("agentrl.credit.advantage_used")
             turns.append(Turn(int(span.name[5:]), cue.group(1) if cue else None, reply,
-                              float(a["agentrl.credit.value"])))
+                              float(a["agentrl.credit.value"]), None if used is None else float(used)))
         if turns:
             episodes.append((int(root.attributes["step"]), turns))
     return episodes
@@ -137,7 +200,8 @@ def measure(tracking_uris: Sequence[str], names: Sequence[str], judge: Judge) ->
         steps = sorted({s for s, _ in episodes})
         split = steps[len(steps) // 2] if steps else 0
         out[name] = {"tracking_uri": uri, "run_id": run.info.run_id, "episodes": len(episodes),
-                     "split_step": split, **value_gap(episodes, judge, split)}
+                     "split_step": split, **value_gap(episodes, judge, split),
+                     "credit": credit_signal(episodes, judge, split)}
     return out
 
 
@@ -181,6 +245,11 @@ def main(argv: list[str] | None = None) -> None:
                  f"{half}: too few turns ({r['n_right']} right, {r['n_wrong']} wrong)"
                  for half in ("early", "late") for r in [row[half]]]
         print(f"{name} ({row['episodes']} episodes, split at step {row['split_step']}): " + "; ".join(parts))
+        credit = [f"{half}: within-cue corr {c['corr_within_cue']:+.3f} ± {c['corr_se']:.3f} (raw {c['corr']:+.3f}), "
+                  f"decisions' share of |A| {c['decision_share']:.0%}"
+                  if c["corr_within_cue"] is not None and c["corr"] is not None else f"{half}: too few decisions"
+                  for half in ("early", "late") for c in [row["credit"][half]]]
+        print("  credit on decisions (advantage used against right = 1 / wrong = 0): " + "; ".join(credit))
     if args.json is not None:
         args.json.write_text(json.dumps(res, indent=1) + "\n")
 

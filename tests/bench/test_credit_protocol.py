@@ -228,3 +228,38 @@ def test_the_value_gap_by_hand() -> None:
     assert (early["v_right"], early["v_wrong"], early["gap"]) == pytest.approx((0.7, 0.3, 0.4))
     assert early["se"] == pytest.approx(0.02 ** 0.5)
     assert res["late"]["n_right"] == 1 and res["late"]["gap"] is None
+
+
+def test_the_credit_on_decisions_by_hand() -> None:
+    """The advantage each decision was trained with against its outcome. Early (steps < 10): right decisions
+    trained with +1.0 and +0.5, wrong ones with -0.5 and 0.0, so the mean advantage is 0.75 for right, -0.25 for
+    wrong, the correlation (worked below) is 1/√1.25, and 1 within each cue; a format error ("green") is not a
+    decision, but its |A| counts as a cue turn's; a turn with no traced advantage is left out. |A| on cue turns
+    1 + 0.5 + 0.5 + 0 + 0.25 (the format error) = 2.25 of 2.25 + 0.75 (distractors) = 3.0: share 0.75. Late: one
+    decision only, so no correlation; its share 0.2 / (0.2 + 0.8)."""
+    from credit_value_gap import Turn, credit_signal, env_judge
+
+    judge = env_judge()
+    rule = dict(CreditChainEnv(**yaml.safe_load((CONFIGS / "creditturn.yaml").read_text())["data"]["agent"][
+        "init_args"]["env"]["init_args"]).rule)
+    a, b = sorted(rule)[:2]
+    ra, rb = rule[a], rule[b]
+    wa, wb = ({"red", "blue"} - {ra}).pop(), ({"red", "blue"} - {rb}).pop()
+    episodes = [
+        (0, [Turn(0, a, ra, 0.0, 1.0), Turn(1, b, wb, 0.0, -0.5), Turn(2, None, "blue", 0.0, 0.5)]),
+        (5, [Turn(0, b, rb, 0.0, 0.5), Turn(1, a, "green", 0.0, -0.25), Turn(2, a, wa, 0.0, 0.0),
+             Turn(3, None, "red", 0.0, -0.25), Turn(4, b, rb, 0.0)]),
+        (10, [Turn(0, a, ra, 0.0, 0.2), Turn(1, None, "red", 0.0, -0.8)]),
+    ]
+    res = credit_signal(episodes, judge, split=10)
+    early, late = res["early"], res["late"]
+    assert (early["n_right"], early["n_wrong"]) == (2, 2)
+    assert (early["a_right"], early["a_wrong"]) == pytest.approx((0.75, -0.25))
+    # Pearson by hand: x = (1, -0.5, 0.5, 0), mean 0.25, deviations (0.75, -0.75, 0.25, -0.25): Σd² = 1.25;
+    # y = (1, 0, 1, 0), deviations ±0.5: Σe² = 1; Σde = 0.375 + 0.375 + 0.125 + 0.125 = 1.0; r = 1 / √1.25
+    assert early["corr"] == pytest.approx(1 / 1.25 ** 0.5)
+    # within each cue: cue a had +1.0 (right) and 0.0 (wrong), cue b -0.5 (wrong) and +0.5 (right): less their
+    # cue's means, (0.5, -0.5, -0.5, 0.5) against (0.5, -0.5, -0.5, 0.5) for the rightness: r = 1, SE 0
+    assert early["corr_within_cue"] == pytest.approx(1.0) and early["corr_se"] == pytest.approx(0.0)
+    assert early["decision_share"] == pytest.approx(2.25 / 3.0)
+    assert late["corr"] is None and late["decision_share"] == pytest.approx(0.2)
