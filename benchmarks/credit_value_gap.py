@@ -105,10 +105,12 @@ def credit_signal(episodes: Sequence[tuple[int, Sequence[Turn]]], judge: Judge, 
     and ``decision_share``, the decision turns' (a cue shown) share of the summed |advantage| over every traced turn
     (the distractors, and a format error's repeat, take the rest). A figure is None where its half has too few
     turns (fewer than two right or two wrong decisions, or no spread)."""
-    halves: dict[str, dict[str, list[float]]] = {h: {"adv": [], "right": [], "cues": [], "cue": [], "all": []}
+    halves: dict[str, dict[str, list[float]]] = {h: {"adv": [], "right": [], "cue": [], "all": []}
                                                  for h in ("early", "late")}
+    cues: dict[str, list[str]] = {"early": [], "late": []}  # the cue of each decision in "adv"
     for step, turns in episodes:
-        half = halves["early" if step < split else "late"]
+        name = "early" if step < split else "late"
+        half = halves[name]
         for t in turns:
             if t.advantage is None:
                 continue
@@ -120,7 +122,7 @@ def credit_signal(episodes: Sequence[tuple[int, Sequence[Turn]]], judge: Judge, 
             if verdict is not None:
                 half["adv"].append(t.advantage)
                 half["right"].append(1.0 if verdict else 0.0)
-                half["cues"].append(t.cue)
+                cues[name].append(t.cue)
     out: dict[str, Any] = {}
     for name, h in halves.items():
         n_right = int(sum(h["right"]))
@@ -134,7 +136,7 @@ def credit_signal(episodes: Sequence[tuple[int, Sequence[Turn]]], judge: Judge, 
             row["a_wrong"] = statistics.fmean(a for a, r in zip(h["adv"], h["right"], strict=True) if not r)
             if statistics.pstdev(h["adv"]) > 0:
                 row["corr"] = statistics.correlation(h["adv"], h["right"])
-            adv, right = _within(h["adv"], h["cues"]), _within(h["right"], h["cues"])
+            adv, right = _within(h["adv"], cues[name]), _within(h["right"], cues[name])
             if statistics.pstdev(adv) > 0 and statistics.pstdev(right) > 0:
                 row["corr_within_cue"] = r = statistics.correlation(adv, right)
                 row["corr_se"] = (1 - r * r) / (len(adv) - 1) ** 0.5  # large-sample; a guide, as the gap's
@@ -142,9 +144,9 @@ def credit_signal(episodes: Sequence[tuple[int, Sequence[Turn]]], judge: Judge, 
     return out
 
 
-def _within(values: Sequence[float], groups: Sequence[str | None]) -> list[float]:
+def _within(values: Sequence[float], groups: Sequence[str]) -> list[float]:
     """Each value less the mean of its group's values."""
-    by: dict[str | None, list[float]] = {}
+    by: dict[str, list[float]] = {}
     for v, g in zip(values, groups, strict=True):
         by.setdefault(g, []).append(v)
     means = {g: statistics.fmean(vs) for g, vs in by.items()}

@@ -156,13 +156,13 @@ def main() -> None:
         r["decode_path"] = kind
         r["wall_ms_per_step"] = [w for x in runs[weights, kind] for w in x["wall_ms_per_step"]]
         r["best_wall_ms_per_step"] = min(r["wall_ms_per_step"])
-        line = []
+        shares = []
         for floor in ("matmul_floor_ms", "packed_matmul_floor_ms", "bandwidth_floor_ms"):
             if floor not in before[r["dtype"]]:
                 continue
             r[floor] = min(before[r["dtype"]][floor], after[r["dtype"]][floor])
             r["fraction_of_" + floor.removesuffix("_ms")] = r[floor] / r["best_wall_ms_per_step"]
-            line.append(f"{floor.removesuffix('_ms').replace('_', ' ')} {r[floor]:.1f} ms "
+            shares.append(f"{floor.removesuffix('_ms').replace('_', ' ')} {r[floor]:.1f} ms "
                         f"({100 * r[floor] / r['best_wall_ms_per_step']:.0f} %)")
         result["engines"].append(r)
         walls = ", ".join(f"{w:.1f}" for w in r["wall_ms_per_step"])
@@ -170,7 +170,7 @@ def main() -> None:
         mm = ops.get("aten::mm", 0.0) + ops.get("mkldnn::_linear_pointwise", 0.0)
         print(f"{weights:6s} ({r['dtype']}, {kind}{', packed' if r['packed_weights'] else ''}): wall {walls} ms/step "
               f"at batch {args.batch}; ops {r['op_ms_per_step']:.1f} ms/step, of which {mm:.1f} matmul; "
-              + "; ".join(line), flush=True)
+              + "; ".join(shares), flush=True)
     result["load_average_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

@@ -53,9 +53,9 @@ def make_env() -> FrozenLakeEnv:
 
 
 # CreditChain settings of the learning grid (configs/learning/creditchain.yaml and the cells' overrides)
-CHAIN_SETTINGS = [dict(decisions=m, distractors=d, order=o) for m in (1, 3) for d in (0, 4, 8)
+CHAIN_SETTINGS: list[dict[str, Any]] = [dict(decisions=m, distractors=d, order=o) for m in (1, 3) for d in (0, 4, 8)
                   for o in ("decisions_first", "decisions_last")]
-CHAIN_BASE = dict(options=2, cues=4, prompt_example=True, context="full")
+CHAIN_BASE: dict[str, Any] = dict(options=2, cues=4, prompt_example=True, context="full")
 
 
 def make_chain(setting: dict[str, Any]) -> CreditChainEnv:

@@ -36,6 +36,7 @@ from agentrl.models.policy import Policy
 from agentrl.models.precision import cpu_identity
 from agentrl.training.rollout.datamodule import RolloutDataModule
 from agentrl.training.schedules.base import Schedule
+from agentrl.training.schedules.learner import Learner
 from agentrl.training.system.module import AgentRLModule
 from agentrl.training.update.batching import TurnTargets
 from agentrl.training.update.settings import PPOSettings
@@ -68,7 +69,9 @@ class TimedDepths(Schedule):
         self.seconds: list[float] = []
         self.tokens: list[float] = []
 
-    def step(self, module: AgentRLModule, tasks: list[Task]) -> dict[str, float]:
+    def step(self, learner: Learner, tasks: list[Task]) -> dict[str, float]:
+        module = learner
+        assert isinstance(module, AgentRLModule)  # this benchmark times the trainer's own module
         g = torch.Generator().manual_seed(0)
         targets = [{(b, 0): TurnTargets(float(torch.randn(1, generator=g))) for b in range(len(d))}
                    for d in self.depths]

@@ -32,6 +32,7 @@ from agentrl.models.policy import LoRASettings, Policy
 from agentrl.models.precision import cpu_identity
 from agentrl.training.rollout.datamodule import RolloutDataModule
 from agentrl.training.schedules.base import Schedule
+from agentrl.training.schedules.learner import Learner
 from agentrl.training.system.module import AgentRLModule
 from agentrl.training.system.perf import measure_peak_flops, train_flops
 from agentrl.training.update.batching import TurnTargets
@@ -65,7 +66,9 @@ class TimedUpdates(Schedule):
         self.tokens: list[float] = []
         self.scored: list[float] = []
 
-    def step(self, module: AgentRLModule, tasks: list[Task]) -> dict[str, float]:
+    def step(self, learner: Learner, tasks: list[Task]) -> dict[str, float]:
+        module = learner
+        assert isinstance(module, AgentRLModule)  # this benchmark times the trainer's own module
         g = torch.Generator().manual_seed(0)
         targets = {(b, t.index): TurnTargets(float(torch.randn(1, generator=g)))
                    for b, tr in enumerate(self.trajectories) for t in tr.turns}

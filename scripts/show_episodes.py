@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 from agentrl.agents.base import Task
@@ -18,10 +19,10 @@ from agentrl.agents.env_agent import EnvAgent
 from agentrl.collect.collector import Collector
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
-from agentrl.envs import FrozenLakeEnv, GuessNumberEnv, SearchQAEnv, ShopEnv, SokobanEnv
+from agentrl.envs import FrozenLakeEnv, GuessNumberEnv, SearchQAEnv, ShopEnv, SokobanEnv, TextEnv
 from agentrl.models.policy import Policy
 
-ENVS = {
+ENVS: dict[str, Callable[[], TextEnv]] = {
     "guess_number": lambda: GuessNumberEnv(low=1, high=10, max_turns=4, prompt_example=False),
     "frozenlake": lambda: FrozenLakeEnv(size=3, holes=1, max_turns=6),
     "sokoban": SokobanEnv,
