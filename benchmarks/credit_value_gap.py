@@ -101,7 +101,7 @@ def credit_signal(episodes: Sequence[tuple[int, Sequence[Turn]]], judge: Judge, 
     mean in the half — does a right reply to a cue get more than a wrong reply to the same cue, whatever the scale
     after whitening (a baseline that moves every reply to a cue alike, V(s_n) of the cue's state, has no expected
     effect on the policy and is left out this way), with a large-sample SE (1 − r²)/√(n − 1); ``corr``, the same
-    without the centring (the baseline's part in); the mean advantage of right and of wrong decisions;
+    without the centring (the baseline's part left in); the mean advantage of right and of wrong decisions;
     and ``decision_share``, the decision turns' (a cue shown) share of the summed |advantage| over every traced turn
     (the distractors, and a format error's repeat, take the rest). A figure is None where its half has too few
     turns (fewer than two right or two wrong decisions, or no spread)."""
