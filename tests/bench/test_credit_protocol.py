@@ -202,6 +202,16 @@ def test_the_follow_up_arm_takes_the_place_of_lambda_05_against_the_same_lambda_
     assert lines[2] == "| 0 | 0.600 (0.600) | 0.800 (0.800) | 0.900 (0.900) | 0.600 (0.600) | +0.500 |"
 
 
+def two_cues() -> tuple[str, str, str, str, str, str]:
+    """Two cues of the credit test's rule, each with its right and its wrong colour: (a, b, right a, right b, wrong a,
+    wrong b)."""
+    rule = dict(CreditChainEnv(**yaml.safe_load((CONFIGS / "creditturn.yaml").read_text())["data"]["agent"][
+        "init_args"]["env"]["init_args"]).rule)
+    a, b = sorted(rule)[:2]
+    ra, rb = rule[a], rule[b]
+    return a, b, ra, rb, ({"red", "blue"} - {ra}).pop(), ({"red", "blue"} - {rb}).pop()
+
+
 def test_the_value_gap_by_hand() -> None:
     """V(s_{n+1}) after right and after wrong decisions, split by step, judged by a CreditChain environment whose
     rule is read off it. Early (steps < 10): right decisions are followed by 0.6 and 0.8 (mean 0.7), wrong ones by
@@ -211,11 +221,7 @@ def test_the_value_gap_by_hand() -> None:
     from credit_value_gap import Turn, env_judge, value_gap
 
     judge = env_judge()
-    rule = dict(CreditChainEnv(**yaml.safe_load((CONFIGS / "creditturn.yaml").read_text())["data"]["agent"][
-        "init_args"]["env"]["init_args"]).rule)
-    a, b = sorted(rule)[:2]
-    ra, rb = rule[a], rule[b]
-    wa, wb = ({"red", "blue"} - {ra}).pop(), ({"red", "blue"} - {rb}).pop()
+    a, b, ra, rb, wa, wb = two_cues()
     episodes = [
         (0, [Turn(0, a, f"I say {ra.title()}.", 0.1), Turn(1, b, wb, 0.6), Turn(2, None, "blue", 0.2)]),
         (5, [Turn(0, b, rb, 0.0), Turn(1, None, "red", 0.8), Turn(3, a, wa, 0.9)]),
@@ -240,11 +246,7 @@ def test_the_credit_on_decisions_by_hand() -> None:
     from credit_value_gap import Turn, credit_signal, env_judge
 
     judge = env_judge()
-    rule = dict(CreditChainEnv(**yaml.safe_load((CONFIGS / "creditturn.yaml").read_text())["data"]["agent"][
-        "init_args"]["env"]["init_args"]).rule)
-    a, b = sorted(rule)[:2]
-    ra, rb = rule[a], rule[b]
-    wa, wb = ({"red", "blue"} - {ra}).pop(), ({"red", "blue"} - {rb}).pop()
+    a, b, ra, rb, wa, wb = two_cues()
     episodes = [
         (0, [Turn(0, a, ra, 0.0, 1.0), Turn(1, b, wb, 0.0, -0.5), Turn(2, None, "blue", 0.0, 0.5)]),
         (5, [Turn(0, b, rb, 0.0, 0.5), Turn(1, a, "green", 0.0, -0.25), Turn(2, a, wa, 0.0, 0.0),
