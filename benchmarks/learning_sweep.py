@@ -50,7 +50,8 @@ from typing import Any
 DEFAULT_LRS = (5.0e-6, 1.0e-5, 2.0e-5)
 SCHEDULE_LRS = {"rtpo": (1.0e-5, 2.0e-5, 4.0e-5), "rtpo_fair": (5.0e-6, 1.0e-5, 2.0e-5, 4.0e-5),
                 "token_ppo_credit": (5.0e-6, 1.0e-5, 2.0e-5, 4.0e-5), "turn_ppo_v0": (5.0e-6, 1.0e-5, 2.0e-5, 4.0e-5),
-                "grpo_credit": (5.0e-6, 1.0e-5, 2.0e-5, 4.0e-5), "rtpo_credit": (5.0e-6, 1.0e-5, 2.0e-5, 4.0e-5)}
+                "grpo_credit": (2.5e-6, 5.0e-6, 1.0e-5, 2.0e-5, 4.0e-5),
+                "rtpo_credit": (5.0e-6, 1.0e-5, 2.0e-5, 4.0e-5)}
 """Grids other than the default, with the reason. RTPO: its config sizes each optimizer step by the informative
 samples behind it (``ppo.lr_reference_samples: 16``), a factor taken per minibatch. The grid was doubled on the
 assumption that this factor halves an RTPO step; it does not: a learning-config minibatch holds four siblings, so
@@ -62,7 +63,9 @@ on two sweep seeds (10, 11), widened to 4e-5 when its choice landed on the defau
 (docs/benchmarks-log.md, "RTPO's fair run"). The credit test's secondary arms (``token_ppo_credit``,
 ``turn_ppo_v0``, ``grpo_credit``, ``rtpo_credit``, swept on ``creditturn-fb``): the default grid and 4e-5 from the
 start, since the primary arms run at 2e-5, the default grid's top, and the grid's choices landed on its edges;
-a choice still on an edge widens that arm's grid here (its existing cells are kept). Each grid is written here,
+a choice still on an edge widens that arm's grid here (its existing cells are kept). ``grpo_credit`` chose 5e-6,
+the bottom edge (at 2e-5 and 4e-5 every two-episode group tied by the last quarter of its steps, so the updates
+stopped), hence 2.5e-6. Each grid is written here,
 not given with ``--lrs``, so that sweeping one arm again scores the others on their full grids."""
 
 SWEEP_SEEDS = (10,)
