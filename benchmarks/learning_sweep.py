@@ -63,10 +63,9 @@ on two sweep seeds (10, 11), widened to 4e-5 when its choice landed on the defau
 (docs/benchmarks-log.md, "RTPO's fair run"). The credit test's secondary arms (``token_ppo_credit``,
 ``turn_ppo_v0``, ``grpo_credit``, ``rtpo_credit``, swept on ``creditturn-fb``): the default grid and 4e-5 from the
 start, since the primary arms run at 2e-5, the default grid's top, and the grid's choices landed on its edges;
-a choice still on an edge widens that arm's grid here (its existing cells are kept). ``grpo_credit`` chose 5e-6,
-the bottom edge (at 2e-5 and 4e-5 every two-episode group tied by the last quarter of its steps, so the updates
-stopped), hence 2.5e-6. Each grid is written here,
-not given with ``--lrs``, so that sweeping one arm again scores the others on their full grids."""
+a choice still on an edge widens that arm's grid here (its existing cells are kept): ``grpo_credit``'s landed on
+the bottom edge, hence 2.5e-6 (docs/benchmarks-log.md, "The secondary sweep"). Each grid is written here, not
+given with ``--lrs``, so that sweeping one arm again scores the others on their full grids."""
 
 SWEEP_SEEDS = (10,)
 NO_EVAL = {"eval_episodes": 0, "eval_every_tokens": 0, "eval_every": 0, "eval_greedy": False}
