@@ -160,3 +160,31 @@ def test_a_report_keeps_the_choices_of_schedules_another_runner_swept(tmp_path: 
     assert main(["--env", "guess", "--schedules", "grpo", "--lrs", "--report", "--out", str(tmp_path)]) == 0
     assert chosen_lr(tmp_path, "guess", "grpo") == 2e-5 and chosen_lr(tmp_path, "guess", "rtpo") == 2e-5
     assert "| rtpo |" in (tmp_path / "sweep" / "guess" / "sweep.md").read_text()
+
+
+def test_a_runner_on_one_sweep_seed_keeps_the_choice_pooled_over_every_seed(tmp_path: Path) -> None:
+    """One runner per sweep seed: each used to end its cells by rewriting chosen.json as chosen on its own seed,
+    replacing the choice pooled over both, which a run with --lr-from-sweep then read. Seed 10 alone prefers 5e-6
+    (0.50 against 0.46); pooled with seed 11 (0.30, 0.46) 1e-5 wins (0.46 against 0.40). A third seed with one cell
+    of three leaves the schedule unchosen, and --lr-from-sweep says so."""
+    from learning import main
+
+    def cells(seed: int, successes: tuple[float, ...]) -> None:
+        for lr, success in zip(sweep_lrs("grpo")[:len(successes)], successes, strict=True):
+            folder = sweep_dir(tmp_path, "guess", "grpo", lr, seed)
+            folder.mkdir(parents=True)
+            (folder / "summary.json").write_text(json.dumps(_summary([success], [4000], episodes=1000)))
+
+    cells(10, (0.50, 0.46, 0.10))
+    cells(11, (0.30, 0.46, 0.10))
+    assert main(["--env", "guess", "--schedules", "grpo", "--lrs", "--seeds", "10", "--report",
+                 "--out", str(tmp_path)]) == 0
+    chosen = json.loads((tmp_path / "sweep" / "guess" / "chosen.json").read_text())
+    assert chosen["grpo"]["seeds"] == [10, 11] and chosen["grpo"]["lr"] == 1e-5
+    assert chosen["grpo"]["scores"] == pytest.approx({"lr5e-06": 0.40, "lr1e-05": 0.46, "lr2e-05": 0.10})
+    cells(12, (0.9,))
+    assert main(["--env", "guess", "--schedules", "grpo", "--lrs", "--seeds", "10", "--report",
+                 "--out", str(tmp_path)]) == 0
+    assert "seeds 10, 11, 12" in (tmp_path / "sweep" / "guess" / "sweep.md").read_text()
+    with pytest.raises(SystemExit, match="no learning rate chosen for guess/grpo"):
+        chosen_lr(tmp_path, "guess", "grpo")
