@@ -19,7 +19,8 @@ the mean of the per-seed differences (arm − Turn-PPO) ± its SE and its sign-f
 ``--markdown`` prints the 2 × 2 seed by seed, as docs/benchmarks.md shows it: each finished cell's final held-out
 decisions-right, sampled (greedy), marked † where the policy's entropy collapsed (mean `train/entropy` over the
 last quarter of its steps below `COLLAPSED_ENTROPY`: the policy samples one reply a prompt, so nothing more is
-learned), and the seed's DiD where all four cells have finished.
+learned), and the seed's DiD where all four cells have finished; then the feedback-on arms the same way, the two
+Turn-PPO references beside the secondary arms, with each arm's mean over its finished seeds.
 
 Example::
 
@@ -86,18 +87,50 @@ def markdown(out: Path, seeds: range = range(64), half: str = ARMS["0.5"]) -> st
             continue
         texts = []
         for c, f in finals.items():
-            if f is None:
-                texts.append("—")
-                continue
-            entropy = late_entropy(out, SETTINGS[c[0]], arms[c[1]], k)
-            dead = entropy is not None and entropy < COLLAPSED_ENTROPY
+            text, dead = cell_text(out, SETTINGS[c[0]], arms[c[1]], k, f)
             collapsed[c] += dead
-            texts.append(f"{f['reward']:.3f} ({f['greedy_reward']:.3f}){' †' if dead else ''}")
+            texts.append(text)
         r = {c: float(f["reward"]) for c, f in finals.items() if f is not None}
         did = f"{(r[('on', '0.5')] - r[('on', '1')]) - (r[('off', '0.5')] - r[('off', '1')]):+.3f}" \
             if len(r) == len(order) else "—"
         lines.append(f"| {k} | " + " | ".join(texts) + f" | {did} |")
     lines.append("| collapsed † | " + " | ".join(str(collapsed[c]) for c in order) + " | |")
+    return "\n".join(lines)
+
+
+def cell_text(out: Path, setting: str, arm: str, seed: int, f: dict[str, Any] | None) -> tuple[str, bool]:
+    """A cell as the seed-by-seed tables show it: its final held-out decisions-right, sampled (greedy), † where its
+    policy collapsed; "—" for a cell not finished. Also whether it collapsed."""
+    if f is None:
+        return "—", False
+    entropy = late_entropy(out, setting, arm, seed)
+    dead = entropy is not None and entropy < COLLAPSED_ENTROPY
+    return f"{f['reward']:.3f} ({f['greedy_reward']:.3f}){' †' if dead else ''}", dead
+
+
+def secondary_markdown(out: Path, seeds: range = range(64)) -> str:
+    """The feedback-on arms seed by seed: the two Turn-PPO references, then each secondary arm (`cell_text`), the
+    mean over each arm's finished seeds and its count of collapsed cells."""
+    columns = {**REFERENCES, **SECONDARY}
+    on = SETTINGS["on"]
+    lines = [f"| seed ({on}) | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    collapsed = dict.fromkeys(columns, 0)
+    rewards: dict[str, list[float]] = {c: [] for c in columns}
+    for k in seeds:
+        finals = {c: final(out, on, arm, k) for c, arm in columns.items()}
+        if all(f is None for f in finals.values()):
+            continue
+        texts = []
+        for c, f in finals.items():
+            text, dead = cell_text(out, on, columns[c], k, f)
+            collapsed[c] += dead
+            texts.append(text)
+            if f is not None:
+                rewards[c].append(float(f["reward"]))
+        lines.append(f"| {k} | " + " | ".join(texts) + " |")
+    lines.append("| mean (seeds) | " + " | ".join(
+        f"{statistics.fmean(v):.3f} ({len(v)})" if v else "—" for v in rewards.values()) + " |")
+    lines.append("| collapsed † | " + " | ".join(str(collapsed[c]) for c in columns) + " |")
     return "\n".join(lines)
 
 
@@ -176,12 +209,15 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
     p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--markdown", action="store_true", help="print the 2 × 2 seed by seed as a markdown table")
+    p.add_argument("--markdown", action="store_true",
+                   help="print the 2 × 2, then the feedback-on arms, seed by seed as markdown tables")
     p.add_argument("--half-arm", default=ARMS["0.5"], help="the λ 0.5 arm's schedule file (default %(default)s; the "
                    "follow-up: turn_ppo_lam05_dec, decoupled GAE)")
     args = p.parse_args(argv)
     if args.markdown:
         print(markdown(args.out, half=args.half_arm))
+        print()
+        print(secondary_markdown(args.out))
         return
     res = table(args.out, half=args.half_arm)
     print(f"finished cells: {len(res['finished_cells'])}; seeds with all four: {res['complete_seeds']}")

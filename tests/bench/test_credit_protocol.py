@@ -186,6 +186,28 @@ def test_the_per_seed_table_marks_collapsed_cells_by_their_late_entropy(tmp_path
     assert lines[4] == "| collapsed † | 1 | 0 | 0 | 0 | |" and len(lines) == 5  # seed 2 has no cell: no row
 
 
+def test_the_secondary_table_shows_the_feedback_on_arms_seed_by_seed(tmp_path: Path) -> None:
+    from credit_protocol import main, secondary_markdown
+
+    # seed 0: both references and GRPO (collapsed: last quarter of 4 steps is 0.01); seed 1: V = 0 only; a
+    # feedback-off GRPO cell (0.0) must not be shown
+    for arm, value in (("turn_ppo_lam05", 0.9), ("turn_ppo_lam1", 0.6), ("grpo_credit", 0.5)):
+        _cell(tmp_path, "creditturn-fb", arm, 0, value)
+    _cell(tmp_path, "creditturn-fb", "turn_ppo_v0", 1, 0.7)
+    _cell(tmp_path, "creditturn-fb", "turn_ppo_lam1", 1, 0.2)
+    _cell(tmp_path, "creditturn", "grpo_credit", 0, 0.0)
+    rows = ["step,train/entropy", "0,0.4", "1,0.3", "2,0.2", "3,0.01"]
+    (tmp_path / "creditturn-fb" / "grpo_credit" / "seed0" / "metrics.csv").write_text("\n".join(rows) + "\n")
+    lines = secondary_markdown(tmp_path, range(3)).splitlines()
+    assert lines[0] == ("| seed (creditturn-fb) | Turn-PPO λ 0.5 | Turn-PPO λ 1 | token-PPO | Turn-PPO V = 0 | GRPO "
+                        "| RTPO |")
+    assert lines[2] == "| 0 | 0.900 (0.900) | 0.600 (0.600) | — | — | 0.500 (0.500) † | — |"
+    assert lines[3] == "| 1 | — | 0.200 (0.200) | — | 0.700 (0.700) | — | — |"
+    assert lines[4] == "| mean (seeds) | 0.900 (1) | 0.400 (2) | — | 0.700 (1) | 0.500 (1) | — |"
+    assert lines[5] == "| collapsed † | 0 | 0 | 0 | 0 | 1 | 0 |" and len(lines) == 6
+    main(["--out", str(tmp_path), "--markdown"])
+
+
 def test_the_follow_up_arm_takes_the_place_of_lambda_05_against_the_same_lambda_1(tmp_path: Path) -> None:
     from credit_protocol import markdown, table
 
