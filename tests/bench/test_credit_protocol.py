@@ -186,26 +186,39 @@ def test_the_per_seed_table_marks_collapsed_cells_by_their_late_entropy(tmp_path
     assert lines[4] == "| collapsed † | 1 | 0 | 0 | 0 | |" and len(lines) == 5  # seed 2 has no cell: no row
 
 
-def test_the_secondary_table_shows_the_feedback_on_arms_seed_by_seed(tmp_path: Path) -> None:
+def test_the_secondary_table_shows_the_feedback_on_arms_seed_by_seed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from credit_protocol import main, secondary_markdown
 
-    # seed 0: both references and GRPO (collapsed: last quarter of 4 steps is 0.01); seed 1: V = 0 only; a
-    # feedback-off GRPO cell (0.0) must not be shown
-    for arm, value in (("turn_ppo_lam05", 0.9), ("turn_ppo_lam1", 0.6), ("grpo_credit", 0.5)):
-        _cell(tmp_path, "creditturn-fb", arm, 0, value)
-    _cell(tmp_path, "creditturn-fb", "turn_ppo_v0", 1, 0.7)
-    _cell(tmp_path, "creditturn-fb", "turn_ppo_lam1", 1, 0.2)
-    _cell(tmp_path, "creditturn", "grpo_credit", 0, 0.0)
+    def cell(setting: str, arm: str, seed: int, sampled: float, greedy: float) -> None:
+        folder = tmp_path / setting / arm / f"seed{seed}"
+        folder.mkdir(parents=True)
+        evals = [{"reward": 0.1, "greedy_reward": 0.2}, {"reward": sampled, "greedy_reward": greedy}]
+        (folder / "summary.json").write_text(json.dumps({"evals": evals}))
+
+    # seed 0: both references, token-PPO, GRPO (collapsed: the last quarter of 4 steps is 0.01) and RTPO;
+    # V = 0 on seeds 0-2 (0.1, 0.2, 0.9: mean 0.4, median 0.2); a feedback-off cell at seed 3, where no feedback-on
+    # cell exists, must not be shown
+    for arm, sampled, greedy in (("turn_ppo_lam05", 0.9, 0.95), ("turn_ppo_lam1", 0.6, 0.65),
+                                 ("token_ppo_credit", 0.7, 0.75), ("grpo_credit", 0.5, 0.55),
+                                 ("rtpo_credit", 0.3, 0.35)):
+        cell("creditturn-fb", arm, 0, sampled, greedy)
+    for seed, sampled in enumerate((0.1, 0.2, 0.9)):
+        cell("creditturn-fb", "turn_ppo_v0", seed, sampled, 1.0 - sampled)
+    cell("creditturn", "grpo_credit", 3, 0.0, 0.0)
     rows = ["step,train/entropy", "0,0.4", "1,0.3", "2,0.2", "3,0.01"]
     (tmp_path / "creditturn-fb" / "grpo_credit" / "seed0" / "metrics.csv").write_text("\n".join(rows) + "\n")
-    lines = secondary_markdown(tmp_path, range(3)).splitlines()
+    lines = secondary_markdown(tmp_path, range(4)).splitlines()
     assert lines[0] == ("| seed (creditturn-fb) | Turn-PPO λ 0.5 | Turn-PPO λ 1 | token-PPO | Turn-PPO V = 0 | GRPO "
                         "| RTPO |")
-    assert lines[2] == "| 0 | 0.900 (0.900) | 0.600 (0.600) | — | — | 0.500 (0.500) † | — |"
-    assert lines[3] == "| 1 | — | 0.200 (0.200) | — | 0.700 (0.700) | — | — |"
-    assert lines[4] == "| mean (seeds) | 0.900 (1) | 0.400 (2) | — | 0.700 (1) | 0.500 (1) | — |"
-    assert lines[5] == "| collapsed † | 0 | 0 | 0 | 0 | 1 | 0 |" and len(lines) == 6
+    assert lines[2] == ("| 0 | 0.900 (0.950) | 0.600 (0.650) | 0.700 (0.750) | 0.100 (0.900) | 0.500 (0.550) † "
+                        "| 0.300 (0.350) |")
+    assert lines[3] == "| 1 | — | — | — | 0.200 (0.800) | — | — |"
+    assert lines[4] == "| 2 | — | — | — | 0.900 (0.100) | — | — |"
+    assert lines[5] == "| mean (seeds) | 0.900 (1) | 0.600 (1) | 0.700 (1) | 0.400 (3) | 0.500 (1) | 0.300 (1) |"
+    assert lines[6] == "| collapsed † | 0 | 0 | 0 | 0 | 1 | 0 |" and len(lines) == 7  # seed 3: no feedback-on cell
     main(["--out", str(tmp_path), "--markdown"])
+    assert "\n".join(lines) in capsys.readouterr().out
 
 
 def test_the_follow_up_arm_takes_the_place_of_lambda_05_against_the_same_lambda_1(tmp_path: Path) -> None:
