@@ -115,19 +115,14 @@ def reported_schedules(folder: Path, given: list[str]) -> list[str]:
             + [s for s in [*given, *on_disk] if s not in SCHEDULES])
 
 
-def reported_seeds(folder: Path, schedules: list[str], given: list[int], swept: bool = False) -> list[int]:
+def reported_seeds(folder: Path, schedules: list[str], given: list[int]) -> list[int]:
     """The seeds a setting's report covers: the ones asked for and every other one with a finished cell of a
     reported schedule in ``folder``. Two runners on different seeds of one setting each used to end by writing
     ``table.md`` and ``curves.png`` of their own seeds only, so the committed figures of a setting were partial
     until someone reran ``--report`` with every seed by hand.
 
-    ``swept``: ``folder`` is a sweep's (``<schedule>/lr<lr>/seed<k>/``). The same held there, with a worse
-    consequence: a runner sweeping seed 10 beside one sweeping seed 11 ended each cell by rewriting ``chosen.json``
-    as chosen on its own seed, replacing the choice pooled over both, so a run reading it with ``--lr-from-sweep``
-    could take a one-seed rate. A schedule whose grid lacks a cell at any of these seeds now has no choice (and
-    ``--lr-from-sweep`` says so) until its cells are all in."""
-    pattern = "lr*/seed*/summary.json" if swept else "seed*/summary.json"
-    names = [f.parent.name.removeprefix("seed") for s in schedules for f in (folder / s).glob(pattern)]
+    A sweep finds its seeds per schedule (`learning_sweep.report_sweep`)."""
+    names = [f.parent.name.removeprefix("seed") for s in schedules for f in (folder / s).glob("seed*/summary.json")]
     on_disk = {int(k) for k in names if k.isdigit()}
     return sorted(set(given) | on_disk)
 
@@ -325,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             budget = int(config_value(env, args.schedules[0], "data", "max_generated_tokens"))
             report_sweep(args.out, env, shown, {s: [x for x in grids[s] if x is not None] if s in grids
                                                 else list(sweep_lrs(s)) for s in shown},
-                         reported_seeds(args.out / "sweep" / env, shown, args.seeds, swept=True), budget)
+                         args.seeds, budget)
         else:
             seeds = reported_seeds(args.out / env, shown, args.seeds)
             report(args.out, env, shown, seeds, TARGETS.get(env_setting(env)[0], 0.5))

@@ -143,17 +143,34 @@ def choose(scores: dict[float, float], errors: dict[float, float] | None = None)
     return min(lr for lr, s in scores.items() if s >= bar)
 
 
+def swept_seeds(out: Path, env: str, schedule: str) -> set[int]:
+    """The seeds at which ``schedule`` has a finished sweep cell of any rate on disk."""
+    names = (f.parent.name.removeprefix("seed")
+             for f in (out / "sweep" / env / schedule).glob("lr*/seed*/summary.json"))
+    return {int(k) for k in names if k.isdigit()}
+
+
 def report_sweep(out: Path, env: str, schedules: list[str], grid: Mapping[str, Sequence[float]], seeds: list[int],
                  budget: int) -> dict[str, Any]:
     """Score the finished sweep cells, choose a learning rate per schedule, write chosen.json and sweep.md.
     ``grid``: each schedule's swept learning rates (its choice needs every cell of its own grid; the table's
-    columns are all the grids' rates)."""
+    columns are all the grids' rates). ``seeds``: the seeds asked for; each schedule is scored over these and every
+    other seed it has a cell at on disk (`swept_seeds`), and recorded with them in chosen.json.
+
+    Why the disk: one runner per sweep seed used to end each cell by rewriting chosen.json as chosen on its own
+    seed, replacing the choice pooled over both that a run with ``--lr-from-sweep`` reads. Why per schedule: a
+    schedule swept at an extra seed must not leave the others unchosen for lacking cells they were never meant to
+    have. A schedule whose grid lacks a cell at any of its own seeds has no choice until its cells are all in."""
     lrs = sorted({lr for s in schedules for lr in grid[s]})
+    own = {s: sorted(set(seeds) | swept_seeds(out, env, s)) for s in schedules}
+    shown = sorted({k for s in schedules for k in own[s]})
     chosen: dict[str, Any] = {}
     lines = [f"# Learning-rate sweep: {env} (policy lr; score = mean training-rollout success over the steps past "
              f"{budget // 2} of {budget} tokens ± its standard error over those steps, floored at the binomial one of "
              "their episodes; "
-             f"seeds {', '.join(map(str, seeds))}; "
+             f"seeds {', '.join(map(str, shown))}"
+             + ("" if all(own[s] == shown for s in schedules) else " (each schedule over its own seeds on disk)")
+             + "; "
              "chosen: the smallest lr within one standard error of the best; held-out games not played)", "",
              "| schedule | " + " | ".join(lr_name(lr) for lr in lrs) + " | chosen |",
              "|---|" + "---|" * (len(lrs) + 1)]
@@ -162,20 +179,20 @@ def report_sweep(out: Path, env: str, schedules: list[str], grid: Mapping[str, S
         late: dict[float, list[float]] = {}
         episodes: dict[float, int] = {}
         for lr in grid[schedule]:
-            for seed in seeds:
+            for seed in own[schedule]:
                 f = sweep_dir(out, env, schedule, lr, seed) / "summary.json"
                 if f.exists():
                     summary = json.loads(f.read_text())
                     per_lr.setdefault(lr, []).append(cell_score(summary, budget))
                     late.setdefault(lr, []).extend(late_successes(summary, budget))
                     episodes[lr] = episodes.get(lr, 0) + late_episodes(summary, budget, str(f))
-        complete = {lr: statistics.fmean(v) for lr, v in per_lr.items() if len(v) == len(seeds)}
+        complete = {lr: statistics.fmean(v) for lr, v in per_lr.items() if len(v) == len(own[schedule])}
         errors = {lr: score_error(late[lr], episodes[lr]) for lr in complete}
         cells = " | ".join(f"{complete[lr]:.3f} ± {errors[lr]:.3f}" if lr in complete else "—" for lr in lrs)
         if len(complete) == len(grid[schedule]):
             lr = choose(complete, errors)
             chosen[schedule] = {"lr": lr, "scores": {lr_name(k): v for k, v in complete.items()},
-                                "standard_errors": {lr_name(k): v for k, v in errors.items()}, "seeds": seeds,
+                                "standard_errors": {lr_name(k): v for k, v in errors.items()}, "seeds": own[schedule],
                                 "rule": "smallest lr within one standard error (binomial floor) of the best score"}
             edge = " (top of its grid)" if lr == max(grid[schedule]) and len(grid[schedule]) > 1 else ""
             if edge:  # the protocol does not widen a grid; say so where a choice may lie beyond it

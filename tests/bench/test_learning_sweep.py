@@ -188,3 +188,28 @@ def test_a_runner_on_one_sweep_seed_keeps_the_choice_pooled_over_every_seed(tmp_
     assert "seeds 10, 11, 12" in (tmp_path / "sweep" / "guess" / "sweep.md").read_text()
     with pytest.raises(SystemExit, match="no learning rate chosen for guess/grpo"):
         chosen_lr(tmp_path, "guess", "grpo")
+
+
+def test_a_schedule_swept_at_an_extra_seed_leaves_the_others_chosen_over_their_own_seeds(tmp_path: Path) -> None:
+    """Seeds on disk count per schedule: token_ppo swept at a third seed must not leave grpo, swept at two, unchosen for
+    lacking cells it was never meant to have; each choice records its own seeds, the header shows them all."""
+    from learning import main
+
+    def cells(schedule: str, seed: int, successes: tuple[float, ...]) -> None:
+        for lr, success in zip(sweep_lrs(schedule), successes, strict=True):
+            folder = sweep_dir(tmp_path, "guess", schedule, lr, seed)
+            folder.mkdir(parents=True)
+            (folder / "summary.json").write_text(json.dumps(_summary([success], [4000], episodes=1000)))
+
+    grid = len(sweep_lrs("token_ppo"))
+    for seed in (10, 11, 12):
+        cells("token_ppo", seed, (0.2,) * (grid - 1) + (0.8,))
+    for seed in (10, 11):
+        cells("grpo", seed, (0.5,) + (0.1,) * (len(sweep_lrs("grpo")) - 1))
+    assert main(["--env", "guess", "--schedules", "grpo", "--lrs", "--seeds", "10", "--report",
+                 "--out", str(tmp_path)]) == 0
+    chosen = json.loads((tmp_path / "sweep" / "guess" / "chosen.json").read_text())
+    assert chosen["grpo"]["seeds"] == [10, 11] and chosen["grpo"]["lr"] == sweep_lrs("grpo")[0]
+    assert chosen["token_ppo"]["seeds"] == [10, 11, 12] and chosen["token_ppo"]["lr"] == sweep_lrs("token_ppo")[-1]
+    assert "seeds 10, 11, 12 (each schedule over its own seeds on disk)" in (
+        tmp_path / "sweep" / "guess" / "sweep.md").read_text()
