@@ -136,6 +136,17 @@ def lr_conflict(args: argparse.Namespace, sweeping: bool) -> str | None:
     return None
 
 
+def cell_lr(args: argparse.Namespace, env: str, schedule: str, seed: int, swept: float | None) -> float | None:
+    """A cell's policy rate without ``--lr``: ``swept`` (its grid point, or None: the config's), or with
+    ``--lr-from-sweep`` the rate chosen by the sweep `sweep_setting` names, which is printed."""
+    if not args.lr_from_sweep:
+        return swept
+    setting = sweep_setting(args.out, env, schedule)
+    lr = chosen_lr(args.out, setting, schedule)
+    print(f"[learning] {env}/{schedule}/seed{seed}: lr {lr:g}, chosen by the {setting} sweep", flush=True)
+    return lr
+
+
 def lr_source(args: argparse.Namespace, sweep: bool) -> str:
     """Where a cell's learning rate comes from, as its summary and its MLflow tags record it."""
     return "sweep" if sweep else ("given" if getattr(args, "lr", None) is not None else "chosen by the sweep")
@@ -301,8 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         todo = [(e, s, k, lr) for e in args.env for k in args.seeds for s in args.schedules for lr in grids[s]]
         ran = 0
         for env, schedule, seed, swept in todo:
-            lr = chosen_lr(args.out, sweep_setting(args.out, env, schedule), schedule) if args.lr_from_sweep else swept
-            lr = args.lr if args.lr is not None else lr
+            lr = args.lr if args.lr is not None else cell_lr(args, env, schedule, seed, swept)
             folder = cell_folder(args.out, env, schedule, seed, lr, sweeping)
             if finished(folder, lr, sweeping, settings_digest(env, schedule, args.extra), lr_source(args, sweeping)):
                 run_cell(env, schedule, seed, args, lr=lr, sweep=sweeping)

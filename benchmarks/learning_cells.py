@@ -247,11 +247,15 @@ def config_value(env: str, schedule: str, *keys: str) -> Any:
 
 
 def sweep_setting(out: Path, env: str, schedule: str) -> str:
-    """Whose sweep gives a cell of ``env`` its rate (``--lr-from-sweep``): the setting's own where its sweep chose
-    one for ``schedule`` (the credit test's secondary arms are swept on ``creditturn-fb``, where they run), else
-    the plain config name's (a grid setting such as ``creditchain-d8`` takes ``creditchain``'s)."""
-    own = out / "sweep" / env / "chosen.json"
-    if env != env_setting(env)[0] and own.exists() and schedule in json.loads(own.read_text()):
+    """Whose sweep gives a cell of ``env`` its rate (``--lr-from-sweep``): the setting's own where it has swept
+    ``schedule`` (the credit test's secondary arms are swept on ``creditturn-fb``, where they run), else the plain
+    config name's (a grid setting such as ``creditchain-d8`` takes ``creditchain``'s). "Has swept" is a choice in
+    its ``chosen.json`` or any finished sweep cell of the schedule: a sweep still running there then stops the run
+    with "no learning rate chosen" instead of quietly lending it the plain setting's rate."""
+    own = out / "sweep" / env
+    if env != env_setting(env)[0] and (
+            ((own / "chosen.json").exists() and schedule in json.loads((own / "chosen.json").read_text()))
+            or any((own / schedule).glob("lr*/seed*/summary.json"))):
         return env
     return env_setting(env)[0]
 

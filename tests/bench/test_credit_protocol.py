@@ -4,6 +4,7 @@ differ in λ only, the held-out set is balanced per cue, the feedback knob is a 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,7 @@ def test_the_secondary_arms_are_paired_by_seed_against_turn_ppo_with_feedback_on
 def test_a_setting_swept_on_its_own_gives_its_rate_and_a_sweep_keeps_every_schedule_file(tmp_path: Path) -> None:
     from learning import reported_schedules
     from learning_cells import sweep_setting
+    from learning_sweep import chosen_lr
 
     own = tmp_path / "sweep" / "creditturn-fb"
     own.mkdir(parents=True)
@@ -139,6 +141,14 @@ def test_a_setting_swept_on_its_own_gives_its_rate_and_a_sweep_keeps_every_sched
     assert sweep_setting(tmp_path, "creditturn-fb", "grpo_credit") == "creditturn-fb"
     assert sweep_setting(tmp_path, "creditturn-fb", "turn_ppo_v0") == "creditturn"  # not swept there
     assert sweep_setting(tmp_path, "creditchain-d8", "grpo") == "creditchain"
+    # a sweep under way on the setting (a cell in, no choice yet): its own, so that the run stops unchosen
+    cell = own / "turn_ppo_v0" / "lr1e-05" / "seed10"
+    cell.mkdir(parents=True)
+    (cell / "summary.json").write_text("{}")
+    assert sweep_setting(tmp_path, "creditturn-fb", "turn_ppo_v0") == "creditturn-fb"
+    with pytest.raises(SystemExit, match="no learning rate chosen for creditturn-fb/turn_ppo_v0"):
+        chosen_lr(tmp_path, "creditturn-fb", "turn_ppo_v0")
+    shutil.rmtree(own / "turn_ppo_v0")
     for name in ("grpo_credit", "turn_ppo_v0", "notes"):  # two arms swept earlier, and a folder that is none
         (own / name).mkdir()
     assert reported_schedules(own, ["token_ppo_credit"]) == ["token_ppo_credit", "grpo_credit", "turn_ppo_v0"]
