@@ -138,11 +138,11 @@ def lr_conflict(args: argparse.Namespace, sweeping: bool) -> str | None:
 
 def cell_lr(args: argparse.Namespace, env: str, schedule: str, seed: int, swept: float | None) -> float | None:
     """A cell's policy rate without ``--lr``: ``swept`` (its grid point, or None: the config's), or with
-    ``--lr-from-sweep`` the rate chosen by the sweep `sweep_setting` names, which is printed."""
+    ``--lr-from-sweep`` the rate chosen by the sweep `sweep_setting` named at the start (``args.chosen``), which
+    is printed."""
     if not args.lr_from_sweep:
         return swept
-    setting = sweep_setting(args.out, env, schedule)
-    lr = chosen_lr(args.out, setting, schedule)
+    setting, lr = args.chosen[env, schedule]
     print(f"[learning] {env}/{schedule}/seed{seed}: lr {lr:g}, chosen by the {setting} sweep", flush=True)
     return lr
 
@@ -301,10 +301,13 @@ def main(argv: list[str] | None = None) -> int:
     if conflict := lr_conflict(args, sweeping):
         p.error(conflict)
     args.out = args.out.resolve()
-    if args.lr_from_sweep:  # every schedule's choice is known before the first cell runs
-        for env in args.env:
-            for schedule in args.schedules:
-                chosen_lr(args.out, sweep_setting(args.out, env, schedule), schedule)
+    # every schedule's choice is read once, before the first cell runs: a sweep report landing mid-run must not
+    # give one schedule's seeds different rates
+    args.chosen = {}
+    for env in args.env if args.lr_from_sweep else []:
+        for schedule in args.schedules:
+            setting = sweep_setting(args.out, env, schedule)
+            args.chosen[env, schedule] = (setting, chosen_lr(args.out, setting, schedule))
     args.scratch = args.scratch.resolve()
     args.keep_checkpoints = args.keep_checkpoints and args.keep_checkpoints.resolve()
     failed = 0
@@ -330,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             budget = int(config_value(env, args.schedules[0], "data", "max_generated_tokens"))
             report_sweep(args.out, env, shown, {s: [x for x in grids[s] if x is not None] if s in grids
                                                 else list(sweep_lrs(s)) for s in shown},
-                         args.seeds, budget)
+                         args.seeds, budget, asked=args.schedules)
         else:
             seeds = reported_seeds(args.out / env, shown, args.seeds)
             report(args.out, env, shown, seeds, TARGETS.get(env_setting(env)[0], 0.5))

@@ -250,12 +250,12 @@ def sweep_setting(out: Path, env: str, schedule: str) -> str:
     """Whose sweep gives a cell of ``env`` its rate (``--lr-from-sweep``): the setting's own where it has swept
     ``schedule`` (the credit test's secondary arms are swept on ``creditturn-fb``, where they run), else the plain
     config name's (a grid setting such as ``creditchain-d8`` takes ``creditchain``'s). "Has swept" is a choice in
-    its ``chosen.json`` or any finished sweep cell of the schedule: a sweep still running there then stops the run
-    with "no learning rate chosen" instead of quietly lending it the plain setting's rate."""
+    its ``chosen.json`` or any sweep cell of the schedule, started or finished: a sweep still running there then
+    stops the run with "no learning rate chosen" instead of quietly lending it the plain setting's rate."""
     own = out / "sweep" / env
     if env != env_setting(env)[0] and (
             ((own / "chosen.json").exists() and schedule in json.loads((own / "chosen.json").read_text()))
-            or any((own / schedule).glob("lr*/seed*/summary.json"))):
+            or any(d.is_dir() for d in (own / schedule).glob("lr*/seed*"))):
         return env
     return env_setting(env)[0]
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,18 +151,21 @@ def swept_seeds(out: Path, env: str, schedule: str) -> set[int]:
 
 
 def report_sweep(out: Path, env: str, schedules: list[str], grid: Mapping[str, Sequence[float]], seeds: list[int],
-                 budget: int) -> dict[str, Any]:
+                 budget: int, asked: Collection[str] | None = None) -> dict[str, Any]:
     """Score the finished sweep cells, choose a learning rate per schedule, write chosen.json and sweep.md.
     ``grid``: each schedule's swept learning rates (its choice needs every cell of its own grid; the table's
-    columns are all the grids' rates). ``seeds``: the seeds asked for; each schedule is scored over these and every
-    other seed it has a cell at on disk (`swept_seeds`), and recorded with them in chosen.json.
+    columns are all the grids' rates). ``seeds``: the seeds asked for the schedules in ``asked`` (None: all of
+    them); each schedule is scored over those (if asked) and every seed it has a cell at on disk (`swept_seeds`),
+    and recorded with them in chosen.json.
 
     Why the disk: one runner per sweep seed used to end each cell by rewriting chosen.json as chosen on its own
     seed, replacing the choice pooled over both that a run with ``--lr-from-sweep`` reads. Why per schedule: a
-    schedule swept at an extra seed must not leave the others unchosen for lacking cells they were never meant to
-    have. A schedule whose grid lacks a cell at any of its own seeds has no choice until its cells are all in."""
+    schedule swept at an extra seed (a runner given ``--schedules token_ppo --seeds 12``) must not leave the
+    others unchosen for lacking cells they were never meant to have. A schedule whose grid lacks a cell at any of
+    its own seeds has no choice until its cells are all in."""
     lrs = sorted({lr for s in schedules for lr in grid[s]})
-    own = {s: sorted(set(seeds) | swept_seeds(out, env, s)) for s in schedules}
+    own = {s: sorted((set(seeds) if asked is None or s in asked else set()) | swept_seeds(out, env, s))
+           for s in schedules}
     shown = sorted({k for s in schedules for k in own[s]})
     chosen: dict[str, Any] = {}
     lines = [f"# Learning-rate sweep: {env} (policy lr; score = mean training-rollout success over the steps past "

@@ -141,10 +141,9 @@ def test_a_setting_swept_on_its_own_gives_its_rate_and_a_sweep_keeps_every_sched
     assert sweep_setting(tmp_path, "creditturn-fb", "grpo_credit") == "creditturn-fb"
     assert sweep_setting(tmp_path, "creditturn-fb", "turn_ppo_v0") == "creditturn"  # not swept there
     assert sweep_setting(tmp_path, "creditchain-d8", "grpo") == "creditchain"
-    # a sweep under way on the setting (a cell in, no choice yet): its own, so that the run stops unchosen
+    # a sweep under way on the setting (its first cell started, no choice yet): its own, so that the run stops
     cell = own / "turn_ppo_v0" / "lr1e-05" / "seed10"
     cell.mkdir(parents=True)
-    (cell / "summary.json").write_text("{}")
     assert sweep_setting(tmp_path, "creditturn-fb", "turn_ppo_v0") == "creditturn-fb"
     with pytest.raises(SystemExit, match="no learning rate chosen for creditturn-fb/turn_ppo_v0"):
         chosen_lr(tmp_path, "creditturn-fb", "turn_ppo_v0")

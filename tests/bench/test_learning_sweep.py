@@ -213,3 +213,8 @@ def test_a_schedule_swept_at_an_extra_seed_leaves_the_others_chosen_over_their_o
     assert chosen["token_ppo"]["seeds"] == [10, 11, 12] and chosen["token_ppo"]["lr"] == sweep_lrs("token_ppo")[-1]
     assert "seeds 10, 11, 12 (each schedule over its own seeds on disk)" in (
         tmp_path / "sweep" / "guess" / "sweep.md").read_text()
+    # a runner on the extra seed alone asks seed 12 of its own schedule only: grpo keeps its two-seed choice
+    assert main(["--env", "guess", "--schedules", "token_ppo", "--lrs", "--seeds", "12", "--report",
+                 "--out", str(tmp_path)]) == 0
+    again = json.loads((tmp_path / "sweep" / "guess" / "chosen.json").read_text())
+    assert again["grpo"]["seeds"] == [10, 11] and again["token_ppo"]["seeds"] == [10, 11, 12]
