@@ -12,6 +12,13 @@ from tests.support.server import API_KEY, LORA_ARGS, Server, start_server
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """agentrl's cache folder (the migrated empty MLflow store new stores copy) is the session's own, not the
+    user's: made once per test process, inherited by every `agentrl fit` a test starts."""
+    os.environ["AGENTRL_CACHE"] = str(tmp_path_factory.mktemp("agentrl-cache"))
+
+
 @pytest.fixture
 def tiny_policy():  # type: ignore[no-untyped-def]
     from agentrl.models.policy import Policy

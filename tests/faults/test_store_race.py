@@ -13,14 +13,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 RUNS = 2
 
 
-def test_runs_starting_together_on_a_fresh_store_all_use_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["copied", "migrated"])
+def test_runs_starting_together_on_a_fresh_store_all_use_it(tmp_path: Path, store: str) -> None:
+    """``copied``: the new store is a copy of agentrl's migrated template (`agentrl.tracking.store_template`), the
+    first run copies it under the lock and the second finds it made; ``migrated``: no cache folder can be made (a
+    file stands in its place), so MLflow migrates the file itself, one run at a time."""
     db, go = tmp_path / "mlflow.db", tmp_path / "GO"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    if store == "migrated":
+        (tmp_path / "not-a-folder").write_text("")
+        env["AGENTRL_CACHE"] = str(tmp_path / "not-a-folder")
     procs = [subprocess.Popen([sys.executable, str(HERE / "store_start.py"), f"sqlite:///{db}", str(go)],
                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(RUNS)]

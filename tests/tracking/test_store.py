@@ -61,11 +61,13 @@ def test_a_logger_list_gets_the_run_name_and_on_resume_the_checkpoints_run(tmp_p
     assert "run_name" not in csv_entry.init_args
 
 
-def _tables(db: Path) -> tuple[set[str], str]:
+def _schema(db: Path) -> tuple[set[tuple[str, str, str]], dict[str, list[tuple[object, ...]]]]:
+    """Every table, index and trigger with its SQL, and the rows of every table but the experiments'."""
     with sqlite3.connect(db) as con:
-        tables = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        (revision,) = con.execute("SELECT version_num FROM alembic_version").fetchone()
-    return tables, revision
+        schema = set(con.execute("SELECT type, name, IFNULL(sql, '') FROM sqlite_master"))
+        rows = {name: sorted(con.execute(f'SELECT * FROM "{name}"'), key=repr) for (kind, name, _sql) in schema
+                if kind == "table" and name not in ("experiments", "experiment_tags")}
+    return schema, rows
 
 
 def _default_artifacts(db: Path) -> str:
@@ -76,19 +78,22 @@ def _default_artifacts(db: Path) -> str:
 def test_a_new_store_is_seeded_from_the_migrated_template_and_opens_as_one_mlflow_made(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """MLflow migrates every new sqlite file itself (3-6 s); agentrl copies a template it migrated once. The copy
-    must be what MLflow makes: the same tables at the same schema revision, and the default experiment's
-    artifacts under this store's folder (not the template's); a second new store is copied, not migrated."""
+    must be what MLflow makes: the same tables, indexes, triggers and rows (the schema revision among them), and
+    the default experiment's artifacts under this store's folder (not the template's); a second new store is
+    copied, not migrated."""
     import mlflow.store.db.utils
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path / "cache"))
     for name in ("reference", "first", "second"):
         (tmp_path / name).mkdir()
     monkeypatch.chdir(tmp_path / "reference")
     SqlAlchemyStore(f"sqlite:///{tmp_path / 'reference/mlflow.db'}", "./mlruns")  # as MLflow makes a store
+    reference = _schema(tmp_path / "reference/mlflow.db")
     monkeypatch.chdir(tmp_path / "first")
     assert MLflowLogger(experiment_name="first").experiment is not None
-    assert (tmp_path / "cache/agentrl").is_dir()
+    (template,) = (tmp_path / "cache").glob("mlflow-*-empty.db")
+    assert _schema(template) == reference
 
     def no_migrations(engine: object) -> None:
         raise AssertionError("a second new store ran MLflow's migrations")
@@ -99,18 +104,53 @@ def test_a_new_store_is_seeded_from_the_migrated_template_and_opens_as_one_mlflo
     logger.log_metrics({"x": 1.0}, step=0)
     logger.finalize("success")
     assert logger._tracking_uri == logger.configured_uri and not (tmp_path / "second/mlflow-fallback.db").exists()
-    reference = _tables(tmp_path / "reference/mlflow.db")
     for name in ("first", "second"):
-        assert _tables(tmp_path / name / "mlflow.db") == reference
+        with sqlite3.connect(tmp_path / name / "mlflow.db") as con:
+            schema = set(con.execute("SELECT type, name, IFNULL(sql, '') FROM sqlite_master"))
+        assert schema == reference[0]
         assert _default_artifacts(tmp_path / name / "mlflow.db") == str(tmp_path / name / "mlruns/0")
     with sqlite3.connect(tmp_path / "second/mlflow.db") as con:
         assert con.execute("SELECT key, value FROM metrics").fetchall() == [("x", 1.0)]
 
 
-def test_a_cache_folder_that_cannot_be_made_leaves_the_new_store_to_mlflow(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "not-a-folder").write_text("")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-a-folder"))
+@pytest.mark.parametrize("damage", ["truncated", "stale-schema", "has-an-experiment"])
+def test_a_bad_template_is_made_again_and_never_costs_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              damage: str) -> None:
+    """A template cut short (a full disk), left at an older schema (MLflow upgraded in place) or holding an
+    experiment is not copied: it is made again from MLflow's migrations, and the run's store works."""
+    from agentrl.tracking.store_template import check_empty_store, empty_store_template
+
+    monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path / "cache"))
+    template, head = empty_store_template()
+    if damage == "truncated":
+        template.write_bytes(template.read_bytes()[:50_000])
+    else:
+        with sqlite3.connect(template) as con:
+            if damage == "stale-schema":
+                con.execute("UPDATE alembic_version SET version_num = 'abc123'")
+            else:
+                con.execute("INSERT INTO experiments (experiment_id, name, lifecycle_stage) VALUES (5, 'x', 'active')")
+    monkeypatch.chdir(tmp_path)
+    logger = MLflowLogger(experiment_name="e")
+    logger.log_metrics({"x": 3.0}, step=0)
+    logger.finalize("success")
+    assert logger._tracking_uri == logger.configured_uri
+    with sqlite3.connect(tmp_path / "mlflow.db") as con:
+        assert con.execute("SELECT key, value FROM metrics").fetchall() == [("x", 3.0)]
+    check_empty_store(template, head)  # made again, whole
+
+
+@pytest.mark.parametrize("cache", ["a-file", "others-can-write"])
+def test_a_cache_folder_that_cannot_be_used_leaves_the_new_store_to_mlflow(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          cache: str) -> None:
+    folder = tmp_path / "cache"
+    if cache == "a-file":
+        folder.write_text("")
+    else:
+        folder.mkdir(mode=0o777)
+        folder.chmod(0o777)  # past the umask: a template planted by another user would become this user's store
+    monkeypatch.setenv("AGENTRL_CACHE", str(folder))
     monkeypatch.chdir(tmp_path)
     logger = MLflowLogger(experiment_name="e")
     logger.log_metrics({"x": 2.0}, step=0)
@@ -118,3 +158,4 @@ def test_a_cache_folder_that_cannot_be_made_leaves_the_new_store_to_mlflow(tmp_p
     assert logger._tracking_uri == logger.configured_uri
     with sqlite3.connect(tmp_path / "mlflow.db") as con:
         assert con.execute("SELECT key, value FROM metrics").fetchall() == [("x", 2.0)]
+    assert cache == "a-file" or not list(folder.iterdir())  # nothing made in a folder others can write

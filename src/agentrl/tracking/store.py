@@ -19,8 +19,8 @@ backoff), and a store that fills mid-run crashes the run at the next metric. `ML
   policy and value loss): MLflow's run page orders its metric sections by name, capitals first, and opens only the
   first, so the page leads with them instead of ``eval/`` details;
 * gives the run's page as a link that opens it as a training run (`run_page_url`);
-* starts a new sqlite store as a copy of an empty one migrated once per MLflow version (`seed_new_store`), where
-  MLflow would run its schema migrations on every new file.
+* starts a new sqlite store as a copy of an empty one migrated once per MLflow schema revision
+  (`agentrl.tracking.store_template`), where MLflow would run its schema migrations on every new file.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import sqlite3
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -37,6 +36,8 @@ from typing import Any, TypeVar
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from agentrl.tracking import store_template
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,13 +70,14 @@ def _sqlite_file(uri: str) -> str | None:
 
 
 @contextlib.contextmanager
-def store_lock(uri: str, timeout_s: float) -> Iterator[None]:
+def store_lock(uri: str, timeout_s: float) -> Iterator[bool]:
     """Hold ``<file>.lock`` beside a sqlite store while MLflow creates or migrates its tables and the experiment:
     two runs started together on a fresh ``mlflow.db`` both ran the migration, and one died in it (``duplicate
-    column name``). Other stores, and a folder where no lock file can be made, go unlocked."""
+    column name``). Other stores, and a folder where no lock file can be made, go unlocked. Yields whether the
+    lock is held (what `seed_new_store` needs)."""
     path = _sqlite_file(uri)
     if path is None:
-        yield
+        yield False
         return
     from filelock import FileLock, Timeout
 
@@ -84,52 +86,19 @@ def store_lock(uri: str, timeout_s: float) -> Iterator[None]:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         lock.acquire()
     except (Timeout, OSError):  # check_store says what is wrong with the folder; a stuck lock costs a minute
-        yield
+        yield False
         return
     try:
-        yield
+        yield True
     finally:
         lock.release()
 
 
-def empty_store_template() -> Path:
-    """A sqlite file holding MLflow's tables and nothing else, made once per MLflow version in agentrl's cache
-    folder (``$XDG_CACHE_HOME/agentrl``, else ``~/.cache/agentrl``) by the schema migrations MLflow itself runs."""
-    import mlflow
-    from mlflow.store.db.utils import _initialize_tables
-    from sqlalchemy import create_engine
-
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agentrl"
-    template = cache / f"mlflow-{mlflow.__version__}-empty.db"
-    if not template.is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        partial = cache / f"{template.name}.{os.getpid()}.partial"
-        engine = create_engine(f"sqlite:///{partial}")
-        try:
-            _initialize_tables(engine)
-        finally:
-            engine.dispose()
-        os.replace(partial, template)  # whole or absent: two runs making it at once both end with a good file
-    return template
-
-
-def seed_new_store(uri: str) -> None:
-    """Start a new sqlite store (no file yet, or the empty one `check_store` leaves) as a copy of
-    `empty_store_template` instead of letting MLflow migrate it: MLflow runs its whole chain of schema migrations
-    on every new sqlite file, 3-6 s at the first run in each folder (and at each test's). The copy is the state
-    those migrations leave; MLflow adds its default experiment on opening it, with this store's artifact root, as
-    it does on a file it migrated itself. Run it under `store_lock`. Anything that goes wrong leaves the file to
-    MLflow, as before."""
+def seed_new_store(uri: str) -> bool:
+    """A new sqlite store at ``uri`` as a copy of a migrated empty one (`agentrl.tracking.store_template`);
+    False for other stores, a store that has content, or when no copy could be made. Only under `store_lock`."""
     path = _sqlite_file(uri)
-    if path is None or (Path(path).exists() and Path(path).stat().st_size > 0):
-        return
-    try:
-        shutil.copyfile(empty_store_template(), path)
-    except Exception as exc:  # an unwritable cache folder, another MLflow: MLflow creates the tables itself
-        log.debug("no seeded MLflow store for %s (%s)", path, _short(exc))
-        with contextlib.suppress(OSError):
-            if Path(path).stat().st_size > 0:  # a partial copy must not stand as a store
-                Path(path).write_bytes(b"")
+    return path is not None and store_template.seed_new_store(path)
 
 
 def check_store(uri: str, timeout_s: float) -> None:
@@ -199,9 +168,10 @@ class MLflowLogger(MLFlowLogger):
         # MLflow caches a sqlite store per URI string: a relative one would keep writing to the first working
         # directory's file after a chdir (a second run in one process), so the paths are fixed here
         tracking_uri, fallback_uri = absolute_uri(tracking_uri), absolute_uri(fallback_uri)
-        with store_lock(tracking_uri, timeout_s):  # MlflowClient creates (migrates) a sqlite store at once
+        with store_lock(tracking_uri, timeout_s) as held:  # MlflowClient creates (migrates) a sqlite store at once
             uri = self._usable(tracking_uri, fallback_uri, timeout_s)
-            seed_new_store(uri)
+            if held and uri == tracking_uri:  # a fallback chosen here is not under this lock: MLflow migrates it
+                seed_new_store(uri)
             super().__init__(experiment_name=experiment_name, run_name=run_name, tracking_uri=uri, tags=tags,
                              run_id=run_id if uri == tracking_uri else None, artifact_location=artifact_location)
         self.configured_uri = tracking_uri
@@ -281,8 +251,9 @@ class MLflowLogger(MLFlowLogger):
         self._initialized = False
         try:
             check_store(self.fallback_uri, self.timeout_s)
-            with store_lock(self.fallback_uri, self.timeout_s):
-                seed_new_store(self.fallback_uri)
+            with store_lock(self.fallback_uri, self.timeout_s) as held:
+                if held:
+                    seed_new_store(self.fallback_uri)
                 self._mlflow_client = MlflowClient(self.fallback_uri)
                 MLFlowLogger.experiment.fget(self)  # type: ignore[attr-defined]
             if self._params:
