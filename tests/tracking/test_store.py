@@ -85,7 +85,7 @@ def test_a_new_store_is_seeded_from_the_migrated_template_and_opens_as_one_mlflo
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path / "cache"))
-    for name in ("reference", "first", "second"):
+    for name in ("reference", "first", "sec#ond %"):  # quoting: "#" and "%" are special in a sqlite URI
         (tmp_path / name).mkdir()
     monkeypatch.chdir(tmp_path / "reference")
     SqlAlchemyStore(f"sqlite:///{tmp_path / 'reference/mlflow.db'}", "./mlruns")  # as MLflow makes a store
@@ -99,17 +99,17 @@ def test_a_new_store_is_seeded_from_the_migrated_template_and_opens_as_one_mlflo
         raise AssertionError("a second new store ran MLflow's migrations")
 
     monkeypatch.setattr(mlflow.store.db.utils, "_initialize_tables", no_migrations)
-    monkeypatch.chdir(tmp_path / "second")
+    monkeypatch.chdir(tmp_path / "sec#ond %")
     logger = MLflowLogger(experiment_name="second")
     logger.log_metrics({"x": 1.0}, step=0)
     logger.finalize("success")
-    assert logger._tracking_uri == logger.configured_uri and not (tmp_path / "second/mlflow-fallback.db").exists()
-    for name in ("first", "second"):
+    assert logger._tracking_uri == logger.configured_uri and not (tmp_path / "sec#ond %/mlflow-fallback.db").exists()
+    for name in ("first", "sec#ond %"):
         with sqlite3.connect(tmp_path / name / "mlflow.db") as con:
             schema = set(con.execute("SELECT type, name, IFNULL(sql, '') FROM sqlite_master"))
         assert schema == reference[0]
         assert _default_artifacts(tmp_path / name / "mlflow.db") == str(tmp_path / name / "mlruns/0")
-    with sqlite3.connect(tmp_path / "second/mlflow.db") as con:
+    with sqlite3.connect(tmp_path / "sec#ond %/mlflow.db") as con:
         assert con.execute("SELECT key, value FROM metrics").fetchall() == [("x", 1.0)]
 
 

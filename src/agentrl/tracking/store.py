@@ -170,10 +170,13 @@ class MLflowLogger(MLFlowLogger):
         tracking_uri, fallback_uri = absolute_uri(tracking_uri), absolute_uri(fallback_uri)
         with store_lock(tracking_uri, timeout_s) as held:  # MlflowClient creates (migrates) a sqlite store at once
             uri = self._usable(tracking_uri, fallback_uri, timeout_s)
-            if held and uri == tracking_uri:  # a fallback chosen here is not under this lock: MLflow migrates it
-                seed_new_store(uri)
-            super().__init__(experiment_name=experiment_name, run_name=run_name, tracking_uri=uri, tags=tags,
-                             run_id=run_id if uri == tracking_uri else None, artifact_location=artifact_location)
+            # a fallback chosen here is created under its own lock too: runs that found the same store dead at once
+            # all open the same fallback file (before, two of three died in MLflow's migration of it)
+            with contextlib.nullcontext(held) if uri == tracking_uri else store_lock(uri, timeout_s) as held_here:
+                if held_here:
+                    seed_new_store(uri)
+                super().__init__(experiment_name=experiment_name, run_name=run_name, tracking_uri=uri, tags=tags,
+                                 run_id=run_id if uri == tracking_uri else None, artifact_location=artifact_location)
         self.configured_uri = tracking_uri
         self.fallback_uri = fallback_uri
         self.timeout_s = timeout_s

@@ -21,6 +21,7 @@ import shutil
 import sqlite3
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -33,18 +34,26 @@ def cache_folder() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agentrl"
 
 
+_warned: set[Path] = set()
+
+
 def _check_private(path: Path) -> None:
     """Raise unless ``path`` itself (no symlink followed) belongs to this user and no one else can write it: a
-    template another user could plant would become every new store of this one."""
+    template another user could plant would become every new store of this one. Says so once per process in a
+    warning (the cache is then unused, and each new store costs MLflow's migrations again)."""
     st = path.lstat()
     if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        if path not in _warned:
+            _warned.add(path)
+            log.warning("agentrl's cache %s is a link, another user's, or writable by others: not used (make it "
+                        "your own with 'chmod go-w', or set AGENTRL_CACHE to a private folder)", path)
         raise PermissionError(f"{path} is a link, another user's, or writable by others")
 
 
 def check_empty_store(db: Path, head: str) -> None:
     """Raise unless ``db`` is a sound sqlite file whose schema is at revision ``head`` and which holds no
     experiment."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    con = sqlite3.connect(Path(db).absolute().as_uri() + "?mode=ro", uri=True)  # '#', '?', '%' in the path quoted
     try:
         sound = con.execute("PRAGMA quick_check").fetchone()[0]
         revisions = [r for (r,) in con.execute("SELECT version_num FROM alembic_version")]
@@ -73,7 +82,11 @@ def empty_store_template() -> tuple[Path, str]:
             return template, head
         except (OSError, ValueError, sqlite3.Error) as exc:  # truncated, stale, planted: made again
             log.info("MLflow store template %s is not usable (%s): making it again", template, exc)
-            template.unlink()
+            template.unlink(missing_ok=True)  # another run may have removed it first
+    for stale in folder.glob("*.partial"):  # builds killed before their `finally` (SIGKILL, out of memory)
+        with contextlib.suppress(OSError):
+            if time.time() - stale.stat().st_mtime > 3600:
+                stale.unlink()
     fd, name = tempfile.mkstemp(dir=folder, prefix=f"{template.name}.", suffix=".partial")
     os.close(fd)
     try:
