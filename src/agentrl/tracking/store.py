@@ -19,8 +19,7 @@ backoff), and a store that fills mid-run crashes the run at the next metric. `ML
   policy and value loss): MLflow's run page orders its metric sections by name, capitals first, and opens only the
   first, so the page leads with them instead of ``eval/`` details;
 * gives the run's page as a link that opens it as a training run (`run_page_url`);
-* starts a new sqlite store as a copy of an empty one migrated once per MLflow schema revision
-  (`agentrl.tracking.store_template`), where MLflow would run its schema migrations on every new file.
+* starts a new sqlite store as a copy of a migrated empty one (`agentrl.tracking.store_template`).
 """
 
 from __future__ import annotations

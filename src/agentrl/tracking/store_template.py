@@ -67,8 +67,7 @@ def check_empty_store(db: Path, head: str) -> None:
 def empty_store_template() -> tuple[Path, str]:
     """The template for the installed MLflow's schema head, made (by MLflow's migrations) and checked; with the
     head revision."""
-    from mlflow.store.db.utils import _get_latest_schema_revision, _initialize_tables
-    from sqlalchemy import create_engine
+    from mlflow.store.db.utils import _get_latest_schema_revision, _initialize_tables, create_sqlalchemy_engine
 
     head = _get_latest_schema_revision()
     folder = cache_folder()
@@ -90,7 +89,7 @@ def empty_store_template() -> tuple[Path, str]:
     fd, name = tempfile.mkstemp(dir=folder, prefix=f"{template.name}.", suffix=".partial")
     os.close(fd)
     try:
-        engine = create_engine(f"sqlite:///{name}")
+        engine = create_sqlalchemy_engine(f"sqlite:///{name}")  # the engine MLflow's store makes
         try:
             _initialize_tables(engine)
         finally:
