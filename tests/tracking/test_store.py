@@ -119,6 +119,16 @@ def test_a_new_store_is_seeded_from_the_migrated_template_and_opens_as_one_mlflo
         assert con.execute("SELECT key, value FROM metrics").fetchall() == [("x", 1.0)]
 
 
+def _assert_logs_to_its_own_store(folder: Path, value: float) -> None:
+    """A logger opened in ``folder`` writes a metric to ``folder/mlflow.db``, not to the fallback."""
+    logger = MLflowLogger(experiment_name="e")
+    logger.log_metrics({"x": value}, step=0)
+    logger.finalize("success")
+    assert logger._tracking_uri == logger.configured_uri
+    with sqlite3.connect(folder / "mlflow.db") as con:
+        assert con.execute("SELECT key, value FROM metrics").fetchall() == [("x", value)]
+
+
 @pytest.mark.parametrize("damage", ["truncated", "stale-schema", "has-an-experiment"])
 def test_a_bad_template_is_made_again_and_never_costs_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               damage: str) -> None:
@@ -137,12 +147,7 @@ def test_a_bad_template_is_made_again_and_never_costs_the_run(tmp_path: Path, mo
             else:
                 con.execute("INSERT INTO experiments (experiment_id, name, lifecycle_stage) VALUES (5, 'x', 'active')")
     monkeypatch.chdir(tmp_path)
-    logger = MLflowLogger(experiment_name="e")
-    logger.log_metrics({"x": 3.0}, step=0)
-    logger.finalize("success")
-    assert logger._tracking_uri == logger.configured_uri
-    with sqlite3.connect(tmp_path / "mlflow.db") as con:
-        assert con.execute("SELECT key, value FROM metrics").fetchall() == [("x", 3.0)]
+    _assert_logs_to_its_own_store(tmp_path, 3.0)
     check_empty_store(template, head)  # made again, whole
 
 
@@ -158,10 +163,5 @@ def test_a_cache_folder_that_cannot_be_used_leaves_the_new_store_to_mlflow(tmp_p
         folder.chmod(0o777)  # past the umask: a template planted by another user would become this user's store
     monkeypatch.setenv("AGENTRL_CACHE", str(folder))
     monkeypatch.chdir(tmp_path)
-    logger = MLflowLogger(experiment_name="e")
-    logger.log_metrics({"x": 2.0}, step=0)
-    logger.finalize("success")
-    assert logger._tracking_uri == logger.configured_uri
-    with sqlite3.connect(tmp_path / "mlflow.db") as con:
-        assert con.execute("SELECT key, value FROM metrics").fetchall() == [("x", 2.0)]
+    _assert_logs_to_its_own_store(tmp_path, 2.0)
     assert cache == "a-file" or not list(folder.iterdir())  # nothing made in a folder others can write
