@@ -9,18 +9,21 @@ evaluation, and for every seed with all four cells computes
 for the held-out decisions-right fraction (``reward``: held-out games pay no noise, so a game's return is its
 fraction of decisions right, less 0.1 a format error), sampled and greedy, and for all-right (``success``). Each is
 reported as the mean over seeds ± its SE with the exact two-sided sign-flip p (all 2^n sign patterns of the per-seed
-values; the smallest p at n seeds is 2 / 2^n). The four arm means are given beside it.
+values; the smallest p at n seeds is 2 / 2^n) and a 95 % t-interval (the test is the sign-flip one; the interval
+says how large a difference the seeds still admit). The four arm means are given beside it.
 
 The **secondary arms** (feedback on only: token-PPO, Turn-PPO with a zero critic, GRPO, RTPO; `SECONDARY`) are
 each set against the feedback-on Turn-PPO arms, λ 0.5 (the reference the protocol names) and λ 1 (the same λ as
 the zero critic and the Monte Carlo schedules), paired by seed over the seeds where both cells have finished:
-the mean of the per-seed differences (arm − Turn-PPO) ± its SE and its sign-flip p, with both means beside it.
+the mean of the per-seed differences (arm − Turn-PPO) ± its SE, its sign-flip p and 95 % t-interval, with both
+means beside it.
 
 ``--markdown`` prints the 2 × 2 seed by seed, as docs/benchmarks.md shows it: each finished cell's final held-out
 decisions-right, sampled (greedy), marked † where the policy's entropy collapsed (mean `train/entropy` over the
 last quarter of its steps below `COLLAPSED_ENTROPY`: the policy samples one reply a prompt, so nothing more is
 learned), and the seed's DiD where all four cells have finished; then the feedback-on arms the same way, the two
-Turn-PPO references beside the secondary arms, with each arm's mean over its finished seeds.
+Turn-PPO references beside the secondary arms, with each arm's mean over its finished seeds; then each secondary
+arm against Turn-PPO λ 1 (difference, p, interval, greedy difference).
 
 Example::
 
@@ -41,6 +44,8 @@ import json
 import statistics
 from pathlib import Path
 from typing import Any
+
+from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {"on": "creditturn-fb", "off": "creditturn"}
@@ -142,6 +147,15 @@ def sign_flip_p(values: list[float]) -> float:
     return hits / 2 ** len(values)
 
 
+def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """The ``level`` t-interval of mean(values) (n − 1 degrees of freedom); None below two values."""
+    if len(values) < 2:
+        return None
+    mean, se = statistics.fmean(values), statistics.stdev(values) / len(values) ** 0.5
+    half = float(stats.t.ppf(0.5 + level / 2, len(values) - 1)) * se
+    return mean - half, mean + half
+
+
 def table(out: Path, seeds: range = range(64), half: str = ARMS["0.5"]) -> dict[str, Any]:
     """Per metric: the four arm means, the per-seed DiDs, their mean ± SE and sign-flip p (complete seeds only);
     ``half`` as in `markdown`."""
@@ -160,21 +174,21 @@ def table(out: Path, seeds: range = range(64), half: str = ARMS["0.5"]) -> dict[
                                for fb in SETTINGS for lam in ARMS} if complete else {}
         row |= {"did_per_seed": did, "did": statistics.fmean(did) if did else None,
                 "se": statistics.stdev(did) / len(did) ** 0.5 if len(did) > 1 else None,
-                "sign_flip_p": sign_flip_p(did) if did else None}
+                "sign_flip_p": sign_flip_p(did) if did else None, "ci95": t_interval(did)}
         result["metrics"][name] = row
     return result
 
 
 def paired(arm: dict[int, dict[str, Any]], ref: dict[int, dict[str, Any]], key: str) -> dict[str, Any]:
     """``arm`` − ``ref`` on ``key`` over the seeds both have: the two means, the per-seed differences, their mean
-    ± SE and sign-flip p (None where no seed is shared)."""
+    ± SE, sign-flip p and 95 % t-interval (None where no seed is shared, or too few for it)."""
     seeds = sorted(set(arm) & set(ref))
     diff = [float(arm[k][key]) - float(ref[k][key]) for k in seeds]
     return {"seeds": seeds, "arm": statistics.fmean(float(arm[k][key]) for k in seeds) if seeds else None,
             "reference": statistics.fmean(float(ref[k][key]) for k in seeds) if seeds else None,
             "diff_per_seed": diff, "diff": statistics.fmean(diff) if diff else None,
             "se": statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else None,
-            "sign_flip_p": sign_flip_p(diff) if diff else None}
+            "sign_flip_p": sign_flip_p(diff) if diff else None, "ci95": t_interval(diff)}
 
 
 def secondary(out: Path, seeds: range = range(64)) -> dict[str, Any]:
@@ -201,8 +215,27 @@ def print_secondary(res: dict[str, Any]) -> None:
                     continue
                 se = "-" if r["se"] is None else f"{r['se']:.3f}"
                 parts.append(f"{m} {r['arm']:.3f} vs {r['reference']:.3f}: {r['diff']:+.3f} ± {se} "
-                             f"(p {r['sign_flip_p']:.3f}, {len(r['seeds'])} seeds)")
+                             f"(p {r['sign_flip_p']:.3f}, {len(r['seeds'])} seeds{interval_text(r['ci95'])})")
             print(f"  {label} vs {ref_label}: " + "; ".join(parts))
+
+
+def interval_text(ci: tuple[float, float] | None) -> str:
+    """", 95 % CI a to b" for the printed lines; nothing without an interval."""
+    return "" if ci is None else f", 95 % CI {ci[0]:+.3f} to {ci[1]:+.3f}"
+
+
+def paired_markdown(res: dict[str, Any], reference: str = "Turn-PPO λ 1") -> str:
+    """Each secondary arm against ``reference`` (`secondary`'s result): decisions-right difference ± SE, its
+    sign-flip p, its 95 % t-interval, the greedy difference ± SE, and the seeds paired; "—" where there is none."""
+    def pm(r: dict[str, Any]) -> str:
+        return "—" if r["diff"] is None else f"{r['diff']:+.3f}" + ("" if r["se"] is None else f" ± {r['se']:.3f}")
+    lines = [f"| arm − {reference} | decisions-right | p | interval | greedy | seeds |", "|---" * 6 + "|"]
+    for label, arm in res.items():
+        r, g = arm["vs"][reference]["decisions_right"], arm["vs"][reference]["decisions_right_greedy"]
+        p = "—" if r["sign_flip_p"] is None else f"{r['sign_flip_p']:.3f}"
+        ci = "—" if r["ci95"] is None else f"{r['ci95'][0]:+.2f} to {r['ci95'][1]:+.2f}"
+        lines.append(f"| {label} | {pm(r)} | {p} | {ci} | {pm(g)} | {len(r['seeds'])} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -218,6 +251,8 @@ def main(argv: list[str] | None = None) -> None:
         print(markdown(args.out, half=args.half_arm))
         print()
         print(secondary_markdown(args.out))
+        print()
+        print(paired_markdown(secondary(args.out)))
         return
     res = table(args.out, half=args.half_arm)
     print(f"finished cells: {len(res['finished_cells'])}; seeds with all four: {res['complete_seeds']}")
@@ -226,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name}: no complete seed yet")
             continue
         se = "-" if row["se"] is None else f"{row['se']:.3f}"
-        print(f"{name}: DiD {row['did']:+.3f} ± {se} (sign-flip p {row['sign_flip_p']:.3f}); "
+        print(f"{name}: DiD {row['did']:+.3f} ± {se} (sign-flip p {row['sign_flip_p']:.3f}"
+              f"{interval_text(row['ci95'])}); "
               + ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k.startswith("fb ")))
     res["secondary"] = secondary(args.out)
     print_secondary(res["secondary"])

@@ -102,7 +102,8 @@ def test_the_secondary_arms_are_paired_by_seed_against_turn_ppo_with_feedback_on
     assert set(SECONDARY.values()) <= set(SCHEDULE_FILES)  # every arm has its schedule file
     # GRPO 0.8 on seeds 0-2; Turn-PPO λ 0.5 (feedback on) 0.7, 0.6, 0.5 and 0.9 on seed 3, which GRPO lacks:
     # differences 0.1, 0.2, 0.3 (mean 0.2, sd 0.1, SE 0.1/√3; sign flips: only all + and all − reach |mean| 0.2,
-    # p = 2/8). λ 1 has seeds 1 and 2 only (0.9, 0.4): differences −0.1, +0.4, mean 0.15, SE 0.25, p = 1.
+    # p = 2/8; 95 % t-interval 0.2 ± t(0.975, 2 df) 4.3027 · 0.1/√3 = 0.2 ± 0.2484). λ 1 has seeds 1 and 2 only
+    # (0.9, 0.4): differences −0.1, +0.4, mean 0.15, SE 0.25, p = 1, interval 0.15 ± 12.7062 · 0.25.
     # Feedback-off cells (λ 0.5 at 0.0, a GRPO one at 0.0) must not be read.
     for seed, value in enumerate((0.8, 0.8, 0.8)):
         _cell(tmp_path, "creditturn-fb", "grpo_credit", seed, value)
@@ -119,14 +120,17 @@ def test_the_secondary_arms_are_paired_by_seed_against_turn_ppo_with_feedback_on
     assert r["seeds"] == [0, 1, 2] and r["diff_per_seed"] == pytest.approx([0.1, 0.2, 0.3])
     assert (r["arm"], r["reference"], r["diff"]) == pytest.approx((0.8, 0.6, 0.2))
     assert r["se"] == pytest.approx(0.1 / 3 ** 0.5) and r["sign_flip_p"] == pytest.approx(0.25)
+    assert r["ci95"] == pytest.approx((0.2 - 0.24841, 0.2 + 0.24841), abs=1e-4)
     r1 = grpo["vs"]["Turn-PPO λ 1"]["decisions_right_greedy"]
     assert r1["seeds"] == [1, 2] and r1["diff_per_seed"] == pytest.approx([-0.1, 0.4])
     assert (r1["diff"], r1["se"], r1["sign_flip_p"]) == pytest.approx((0.15, 0.25, 1.0))
+    assert r1["ci95"] == pytest.approx((0.15 - 3.17655, 0.15 + 3.17655), abs=1e-4)
     assert grpo["vs"]["Turn-PPO λ 0.5"]["all_right"]["diff"] == pytest.approx(0.1)  # success = reward / 2
     assert res["RTPO"]["finished_seeds"] == [] and res["RTPO"]["vs"]["Turn-PPO λ 1"]["decisions_right"]["diff"] is None
     print_secondary(res)
     out = capsys.readouterr().out
-    assert "GRPO vs Turn-PPO λ 0.5: decisions_right 0.800 vs 0.600: +0.200 ± 0.058 (p 0.250, 3 seeds)" in out
+    assert ("GRPO vs Turn-PPO λ 0.5: decisions_right 0.800 vs 0.600: +0.200 ± 0.058 (p 0.250, 3 seeds, "
+            "95 % CI -0.048 to +0.448)") in out
     assert "RTPO vs Turn-PPO λ 0.5: decisions_right: no shared seed" in out
 
 
@@ -202,7 +206,8 @@ def test_the_secondary_table_shows_the_feedback_on_arms_seed_by_seed(
     def cell(setting: str, arm: str, seed: int, sampled: float, greedy: float) -> None:
         folder = tmp_path / setting / arm / f"seed{seed}"
         folder.mkdir(parents=True)
-        evals = [{"reward": 0.1, "greedy_reward": 0.2}, {"reward": sampled, "greedy_reward": greedy}]
+        last = {"reward": sampled, "greedy_reward": greedy, "success": 0.0, "greedy_success": 0.0}
+        evals = [{"reward": 0.1, "greedy_reward": 0.2}, last]
         (folder / "summary.json").write_text(json.dumps({"evals": evals}))
 
     # seed 0: both references, token-PPO, GRPO (collapsed: the last quarter of 4 steps is 0.01) and RTPO;
@@ -227,7 +232,11 @@ def test_the_secondary_table_shows_the_feedback_on_arms_seed_by_seed(
     assert lines[5] == "| mean (seeds) | 0.900 (1) | 0.600 (1) | 0.700 (1) | 0.400 (3) | 0.500 (1) | 0.300 (1) |"
     assert lines[6] == "| collapsed † | 0 | 0 | 0 | 0 | 1 | 0 |" and len(lines) == 7  # seed 3: no feedback-on cell
     main(["--out", str(tmp_path), "--markdown"])
-    assert "\n".join(lines) in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "\n".join(lines) in out
+    # against λ 1 (0.6, greedy 0.65) on the one shared seed: V = 0 0.1 − 0.6, greedy 0.9 − 0.65; no SE, no interval
+    assert "| Turn-PPO V = 0 | -0.500 | 1.000 | — | +0.250 | 1 |" in out
+    assert "| token-PPO | +0.100 | 1.000 | — | +0.100 | 1 |" in out
 
 
 def test_the_follow_up_arm_takes_the_place_of_lambda_05_against_the_same_lambda_1(tmp_path: Path) -> None:
